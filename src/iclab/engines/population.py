@@ -1,0 +1,133 @@
+"""The population engine: descent on an exact expected loss, no sampling noise.
+
+``loss_fn(params, aux)`` is a closed-form expected loss (e.g. L(A) of the linattn paper, spec §3);
+``aux`` holds the constants it needs (covariance, E(1/N), ...), batched along seeds with the params
+when ``batched``. Two integrators share the time axis t = Σ lr:
+
+- :func:`gradient_descent`: any optax optimiser (plain GD by default), t = Σ_k lr_k.
+- :func:`gradient_flow`: dθ/dt = −∇L(θ), integrated with diffrax (the small-lr limit of GD).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclab.engines._descent import Schedule, descend
+from iclab.engines._loop import Callback, Trajectory
+
+
+def gradient_descent(
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params0,
+    aux=None,
+    *,
+    lr: Schedule,
+    n_steps: int,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
+    record_every: int = 1,
+    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
+    record_params: bool = False,
+    batched: bool = False,
+    callback: Callback | None = None,
+) -> Trajectory:
+    """Descends the exact expected loss ``loss_fn(params, aux)`` for n_steps optimiser steps."""
+    return descend(
+        lambda params, state: loss_fn(params, state.aux),
+        params0,
+        aux,
+        lr=lr,
+        n_steps=n_steps,
+        optimizer=optimizer,
+        record_every=record_every,
+        metrics=metrics,
+        record_params=record_params,
+        batched=batched,
+        callback=callback,
+    )
+
+
+def gradient_flow(
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params0,
+    aux=None,
+    *,
+    t_max: float,
+    n_records: int = 200,
+    ts: np.ndarray | None = None,
+    rtol: float = 1e-10,
+    atol: float = 1e-12,
+    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
+    record_params: bool = False,
+    batched: bool = False,
+    callback: Callback | None = None,
+    max_steps: int = 1_000_000,
+) -> Trajectory:
+    """Integrates dθ/dt = −∇_θ L(θ) from t = 0 to t_max with diffrax (Dopri8, PID step control).
+
+    Args:
+        loss_fn: expected loss, (params, aux) -> scalar.
+        params0: initial params (leading seed axis if ``batched``).
+        aux: constants passed to loss_fn and metrics.
+        t_max: final time.
+        n_records: evenly spaced record times in [0, t_max] (ignored if ``ts`` is given).
+        ts: explicit record times, increasing, starting at 0.
+        rtol, atol: step-size controller tolerances.
+    Returns:
+        A Trajectory with step = NaN (gradient flow has no steps).
+    """
+    if not t_max > 0:
+        raise ValueError(f"t_max must be > 0 (got {t_max})")
+    ts = np.linspace(0.0, t_max, n_records) if ts is None else np.asarray(ts, dtype=float)
+    metrics = metrics or {}
+    term = diffrax.ODETerm(lambda t, y, args: jax.tree_util.tree_map(jnp.negative, jax.grad(loss_fn)(y, args)))
+    solver = diffrax.Dopri8()
+    controller = diffrax.PIDController(rtol=rtol, atol=atol)
+
+    def observe(params, aux):
+        out = {"loss": loss_fn(params, aux)}
+        out.update({name: fn(params, aux) for name, fn in metrics.items()})
+        if record_params:
+            out["params"] = params
+        return out
+
+    def step_to(params, aux, t0, t1):
+        # One solve per record interval, ending exactly on the record time: dense-output
+        # interpolation between large adaptive steps would cost accuracy (~1e-8 for Dopri8).
+        sol = diffrax.diffeqsolve(term, solver, t0, t1, None, params, args=aux,
+                                  saveat=diffrax.SaveAt(t1=True), stepsize_controller=controller,
+                                  max_steps=max_steps)
+        return jax.tree_util.tree_map(lambda a: a[-1], sol.ys)
+
+    def segment(params, aux, times):
+        def body(p, pair):
+            p = step_to(p, aux, pair[0], pair[1])
+            return p, observe(p, aux)
+
+        return jax.lax.scan(body, params, jnp.stack([times[:-1], times[1:]], axis=1))
+
+    seg = jax.jit(jax.vmap(segment, in_axes=(0, 0, None)) if batched else segment)
+    first = jax.jit(jax.vmap(observe) if batched else observe)(params0, aux)
+    records = [jax.tree_util.tree_map(lambda a: np.expand_dims(np.asarray(a), 1 if batched else 0), first)]
+    params = params0
+    # Segments of equal numbers of record times keep one compiled solve and let the host
+    # report progress between them.
+    chunk = 16
+    idx = 1
+    while idx < len(ts):
+        times = ts[idx - 1 : idx + chunk]
+        params, obs = seg(params, aux, jnp.asarray(times))
+        records.append(jax.tree_util.tree_map(np.asarray, obs))
+        idx += len(times) - 1
+        if callback is not None:
+            callback(idx - 1, jax.tree_util.tree_map(lambda a: np.asarray(a)[..., -1], obs))
+    axis = 1 if batched else 0
+    obs = jax.tree_util.tree_map(lambda *a: np.concatenate(a, axis=axis), *records)
+    loss = obs.pop("loss")
+    params_rec = obs.pop("params", None)
+    return Trajectory(step=np.full(len(ts), np.nan), t=ts, loss=loss, metrics=obs, params=params_rec)

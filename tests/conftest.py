@@ -1,0 +1,1 @@
+import iclab  # noqa: F401  (turns on float64 before any test builds arrays)

@@ -1,0 +1,60 @@
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from iclab.store import Store, config_hash
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = config_hash("x.fig1", {"D": 4, "N": 31})
+    assert a == config_hash("x.fig1", {"N": 31, "D": 4})  # key order does not matter
+    assert a != config_hash("x.fig1", {"D": 4, "N": 32})
+    assert a != config_hash("x.fig2", {"D": 4, "N": 31})
+    assert len(a) == 16
+
+
+def test_write_is_atomic_and_index_tracks_status(tmp_path):
+    store = Store(tmp_path)
+    row = store.begin("x.fig1", "abc", "quick")
+    assert store.rows()[0]["status"] == "running"
+    assert store.finished("x.fig1", "abc") is None
+    path = store.write("x.fig1", "abc", {"metrics.json": {"checks": []}, "trajectories.npz": {"a": np.arange(3)},
+                                         "log.txt": "hello"})
+    store.end(row, "done", 1.5, 2, 3)
+    assert store.finished("x.fig1", "abc") == path
+    assert json.loads((path / "metrics.json").read_text()) == {"checks": []}
+    np.testing.assert_array_equal(np.load(path / "trajectories.npz")["a"], np.arange(3))
+    r = store.rows("x.fig1")[0]
+    assert (r["status"], r["wall_s"], r["checks_passed"], r["checks_total"]) == ("done", 1.5, 2, 3)
+    con = sqlite3.connect(tmp_path / "index.sqlite")
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_interrupted_write_leaves_no_folder(tmp_path):
+    store = Store(tmp_path)
+
+    def explode(dest):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.write("x.fig1", "abc", {"log.txt": "partial", "figure.png": explode, "metrics.json": {}})
+    assert not store.run_dir("x.fig1", "abc").exists()
+    assert list((tmp_path / ".tmp").iterdir()) == []
+
+
+def test_force_rewrite_replaces_the_folder(tmp_path):
+    store = Store(tmp_path)
+    store.write("x.fig1", "abc", {"metrics.json": {"v": 1}, "old.txt": "old"})
+    path = store.write("x.fig1", "abc", {"metrics.json": {"v": 2}})
+    assert json.loads((path / "metrics.json").read_text()) == {"v": 2}
+    assert not (path / "old.txt").exists()
+    assert list((tmp_path / ".tmp").iterdir()) == []
+
+
+def test_status_must_be_known(tmp_path):
+    store = Store(tmp_path)
+    row = store.begin("x", "h", None)
+    with pytest.raises(ValueError):
+        store.end(row, "finished", 0.0)
