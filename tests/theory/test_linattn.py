@@ -59,7 +59,7 @@ def test_harmonic_inverse_length_reference():
 
 def test_cubic_feature_moments_monte_carlo():
     """Eqs 43-44: E(y_q z) = vec(Λ²), E(zzᵀ) = Λ ⊗ E[Λ̂²], within 5 standard errors."""
-    N, D = 4, 3
+    N = 4
     Lam = covariance([0.5, 0.3, 0.2], jax.random.PRNGKey(3))
     pr = sample_prompts(jax.random.PRNGKey(4), Lam, N, 200_000)
     z = cubic_feature(pr)

@@ -2,9 +2,11 @@
 
 - :mod:`iclab.engines.population`: exact expected loss; gradient descent or gradient flow.
 - :mod:`iclab.engines.sampled`: a fixed training set (full batch) or fresh minibatches.
+- :mod:`iclab.engines.moments`: exact full-batch GD from sufficient statistics, for predictions
+  linear in a fixed feature of the prompt; O(dim φ²) per step, independent of P and N.
 """
 
-from iclab.engines import population, sampled
+from iclab.engines import moments, population, sampled
 from iclab.engines._loop import Trajectory, record_steps
 
-__all__ = ["Trajectory", "population", "record_steps", "sampled"]
+__all__ = ["Trajectory", "moments", "population", "record_steps", "sampled"]

@@ -96,3 +96,138 @@ def attn_m_full_from_reduced(params, key: jax.Array | None = None, scale: float 
     WV = WV.at[:, -1, :D].set(0.0).at[:, -1, D].set(v)
     WKQ = WKQ.at[:, :D, :D].set(U).at[:, D, :D].set(0.0)
     return {"WV": WV, "WKQ": WKQ}
+
+
+# ----------------------------------------------------------------------------------------------
+# ATTN_S: separate key and query, H heads of rank R (Sec 2.4).
+
+
+def predict_attn_s(params, prompts: Prompts) -> jax.Array:
+    """ATTN_S reduced form (eq S): ŷ_q = Σ_i v_i Σ_r (βᵀk_{i,r})(q_{i,r}ᵀx_q).
+
+    Params ``{"v": (H,), "k": (H, R, D), "q": (H, R, D)}``.
+    """
+    beta = context_moment(prompts)
+    kb = jnp.einsum("hrd,pd->phr", params["k"], beta)
+    qx = jnp.einsum("hrd,pd->phr", params["q"], prompts.x_q)
+    return jnp.einsum("h,phr,phr->p", params["v"], kb, qx)
+
+
+def effective_matrix_attn_s(params) -> jax.Array:
+    """A = Σ_i v_i Σ_r k_{i,r} q_{i,r}ᵀ, so that ATTN_S predicts ŷ_q = βᵀ A x_q."""
+    return jnp.einsum("h,hri,hrj->ij", params["v"], params["k"], params["q"])
+
+
+def predict_attn_s_full(params, prompts: Prompts) -> jax.Array:
+    """ATTN_S full-matrix form: bottom-right entry of X + Σ_i (1/N) W^V_i X Xᵀ W^Kᵀ_i W^Q_i X.
+
+    Params ``{"WV": (H, D+1, D+1), "WK": (H, R, D+1), "WQ": (H, R, D+1)}``; equals eq S when the
+    last row of W^V_i is [0, v_i] and the last column of W^K_i (the scalar k) is 0.
+    """
+    X = prompt_matrix(prompts)
+    N = prompts.x.shape[1]
+    gram = jnp.einsum("pan,pbn->pab", X, X) / N
+    value_row = jnp.einsum("ha,pab->phb", params["WV"][:, -1, :], gram)
+    keys = jnp.einsum("phb,hrb->phr", value_row, params["WK"])
+    queries = jnp.einsum("hrc,pc->phr", params["WQ"], X[:, :, -1])
+    return jnp.einsum("phr,phr->p", keys, queries)
+
+
+def init_attn_s(key: jax.Array, D: int, H: int, R: int, w_init: float):
+    """Eq 36: v_i ~ N(0, w_init²/H); k_{i,r}, q_{i,r} entries ~ N(0, w_init²/(H R D))."""
+    kv, kk, kq = jax.random.split(key, 3)
+    sd = w_init / jnp.sqrt(H * R * D)
+    return {
+        "v": jax.random.normal(kv, (H,), dtype=jnp.float64) * w_init / jnp.sqrt(H),
+        "k": jax.random.normal(kk, (H, R, D), dtype=jnp.float64) * sd,
+        "q": jax.random.normal(kq, (H, R, D), dtype=jnp.float64) * sd,
+    }
+
+
+def attn_s_full_from_reduced(params, key: jax.Array | None = None, scale: float = 1.0):
+    """Full-matrix ATTN_S weights realising eq S: v⃗_i = 0 and scalar k_{i,r} = 0; the blocks
+    that never reach ŷ_q (rows of W^V_i but the last, the last column of W^Q_i) random or 0."""
+    v, k, q = params["v"], params["k"], params["q"]
+    H, R, D = k.shape
+    if key is None:
+        WV = jnp.zeros((H, D + 1, D + 1), dtype=k.dtype)
+        q_label = jnp.zeros((H, R, 1), dtype=k.dtype)
+    else:
+        k1, k2 = jax.random.split(key)
+        WV = scale * jax.random.normal(k1, (H, D + 1, D + 1), dtype=k.dtype)
+        q_label = scale * jax.random.normal(k2, (H, R, 1), dtype=k.dtype)
+    WV = WV.at[:, -1, :D].set(0.0).at[:, -1, D].set(v)
+    WK = jnp.concatenate([k, jnp.zeros((H, R, 1), dtype=k.dtype)], axis=-1)
+    WQ = jnp.concatenate([q, q_label], axis=-1)
+    return {"WV": WV, "WK": WK, "WQ": WQ}
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax attention (Sec 2.2), reduced to the blocks that reach ŷ_q.
+
+
+def softmax_readout(scores: jax.Array, prompts: Prompts, rho: float) -> jax.Array:
+    """Σ_m y_m softmax_m(scores/ρ) over the N+1 keys (context tokens and the query, whose label
+    slot is 0). scores: (P, H, N+1). Returns (P, H)."""
+    weights = jax.nn.softmax(scores / rho, axis=-1)
+    y = jnp.concatenate([prompts.y, jnp.zeros_like(prompts.y_q)[:, None]], axis=1)
+    return jnp.einsum("phn,pn->ph", weights, y)
+
+
+def _keys_inputs(prompts: Prompts) -> jax.Array:
+    return jnp.concatenate([prompts.x, prompts.x_q[:, None, :]], axis=1)  # (P, N+1, D)
+
+
+def predict_softmax_attn_m(params, prompts: Prompts, rho: float = 1.0) -> jax.Array:
+    """Softmax ATTN_M with v⃗ = u = 0: ŷ_q = Σ_i v_i Σ_m y_m softmax_m(x_mᵀ U_i x_q / ρ)."""
+    scores = jnp.einsum("pnd,hde,pe->phn", _keys_inputs(prompts), params["U"], prompts.x_q)
+    return softmax_readout(scores, prompts, rho) @ params["v"]
+
+
+def predict_softmax_attn_s(params, prompts: Prompts, rho: float = 1.0) -> jax.Array:
+    """Softmax ATTN_S with v⃗ = 0, scalar k = 0: scores Σ_r (k_{i,r}ᵀx_m)(q_{i,r}ᵀx_q) / ρ."""
+    kx = jnp.einsum("hrd,pnd->phrn", params["k"], _keys_inputs(prompts))
+    qx = jnp.einsum("hrd,pd->phr", params["q"], prompts.x_q)
+    scores = jnp.einsum("phrn,phr->phn", kx, qx)
+    return softmax_readout(scores, prompts, rho) @ params["v"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear-in-feature view: ŷ_q = ⟨T(θ), φ(X)⟩ with a fixed feature φ (the moments engine's input).
+
+
+def full_feature(prompts: Prompts) -> jax.Array:
+    """φ = vec(XXᵀ/N) ⊗ x_q, the feature of both full-matrix forms: φ[a, b, c] = (XXᵀ/N)_ab x_{q,c}.
+
+    Returns (P, (D+1)² D)."""
+    X = prompt_matrix(prompts)
+    N = prompts.x.shape[1]
+    gram = jnp.einsum("pan,pbn->pab", X, X) / N
+    return jnp.einsum("pab,pc->pabc", gram, prompts.x_q).reshape(X.shape[0], -1)
+
+
+def tensor_attn_m(params) -> jax.Array:
+    """T with ŷ_q = ⟨T, z⟩ for reduced ATTN_M: vec(Σ_i v_i U_i), column-stacking (D²,)."""
+    return effective_matrix_attn_m(params).T.reshape(-1)
+
+
+def tensor_attn_s(params) -> jax.Array:
+    """T with ŷ_q = ⟨T, z⟩ for reduced ATTN_S: vec(Σ_i v_i Σ_r k_{i,r} q_{i,r}ᵀ) (D²,)."""
+    return effective_matrix_attn_s(params).T.reshape(-1)
+
+
+def tensor_mlp(params) -> jax.Array:
+    """T with ŷ_q = ⟨T, z⟩ for the MLP: W₁ᵀ w₂ (D²,)."""
+    return params["W1"].T @ params["w2"]
+
+
+def tensor_attn_m_full(params) -> jax.Array:
+    """T with ŷ_q = ⟨T, full_feature⟩ for full ATTN_M: T[a,b,c] = Σ_i W^V_i[D,a] W^{KQ}_i[b,c], c ≤ D."""
+    D = params["WKQ"].shape[-1] - 1
+    return jnp.einsum("ha,hbc->abc", params["WV"][:, -1, :], params["WKQ"][:, :, :D]).reshape(-1)
+
+
+def tensor_attn_s_full(params) -> jax.Array:
+    """T for full ATTN_S: T[a,b,c] = Σ_i W^V_i[D,a] Σ_r W^K_i[r,b] W^Q_i[r,c], c ≤ D."""
+    D = params["WQ"].shape[-1] - 1
+    return jnp.einsum("ha,hrb,hrc->abc", params["WV"][:, -1, :], params["WK"], params["WQ"][:, :, :D]).reshape(-1)

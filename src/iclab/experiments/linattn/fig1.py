@@ -1,9 +1,4 @@
-"""Figures of "Training Dynamics of In-Context Learning in Linear Attention" (linattn).
-
-Time axis: t = Σ lr of GD on the mean squared query loss; the paper's time is t/τ = 2t (spec §4).
-Models use the paper convention (1/N inside the attention); learning rates of the reference code,
-which has no 1/N, map to ours by η = N·η_ref (spec §4), which keeps its step axis.
-"""
+"""linattn Fig 1: ATTN_M and the 2-layer linear MLP on the cubic feature, one drop."""
 
 from __future__ import annotations
 
@@ -12,74 +7,15 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import field_validator, model_validator
 
-from iclab.engines import population, sampled
+from iclab.engines import population
 from iclab.experiments._analysis import count_drops, first_crossing
-from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments._registry import Experiment, check_abs, check_at_most, check_equal, register
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys, train
 from iclab.models import linattn as models
-from iclab.tasks.linreg import Spectrum, covariance, sample_prompts, spectrum_eigenvalues
 from iclab.theory import linattn as theory
-
-PAPER = "linattn"
-
-
-class CovarianceConfig(ExperimentConfig):
-    """Λ from explicit eigenvalues or a named spectrum, optionally rotated (spec §2)."""
-
-    D: int = param(4, "input dimension D", paper=4, ge=1, le=64)
-    eigenvalues: list[float] | None = param(
-        None, "eigenvalues of Λ (length D, all > 0); null: use `spectrum`",
-        paper=None, paper_note="Fig 1: not in the caption; reference code: (.4, .3, .2, .1)",
-    )
-    spectrum: Spectrum = param(
-        "linear", "named spectrum, trace 1: linear (∝ D..1), inverse (∝ 1/d), white (I/D)",
-        paper="linear", paper_note="reference code's spectrum; gives (.4, .3, .2, .1) at D = 4",
-    )
-    rotate: bool = param(
-        False, "rotate Λ's eigenvectors by a seeded Haar-random orthogonal matrix",
-        paper=True, paper_note="reference code rotates; the loss curves do not depend on it",
-    )
-
-    @field_validator("eigenvalues")
-    @classmethod
-    def _positive(cls, value):
-        if value is not None and (len(value) == 0 or any(not (v > 0) for v in value)):
-            raise ValueError("eigenvalues must all be > 0")
-        return value
-
-    @model_validator(mode="after")
-    def _length(self):
-        if self.eigenvalues is not None and len(self.eigenvalues) != self.D:
-            raise ValueError(f"eigenvalues must have D = {self.D} entries (got {len(self.eigenvalues)})")
-        return self
-
-    def lambdas(self) -> np.ndarray:
-        """The eigenvalues of Λ, decreasing."""
-        if self.eigenvalues is not None:
-            return np.sort(np.asarray(self.eigenvalues, dtype=float))[::-1]
-        return spectrum_eigenvalues(self.spectrum, self.D)
-
-
-def seed_keys(config: ExperimentConfig) -> jax.Array:
-    """One key per seed: fold_in(PRNGKey(seed), s), s = 0..seeds−1. Returns (seeds, 2)."""
-    base = jax.random.PRNGKey(config.seed)
-    return jnp.stack([jax.random.fold_in(base, s) for s in range(config.seeds)])
-
-
-def covariances(config: CovarianceConfig, keys: jax.Array) -> jax.Array:
-    """Λ for each seed, (S, D, D): shared unless ``rotate`` (then each seed rotates its own)."""
-    lam = config.lambdas()
-    if not config.rotate:
-        return jnp.broadcast_to(covariance(lam), (keys.shape[0], config.D, config.D))
-    return jnp.stack([covariance(lam, jax.random.fold_in(k, 7)) for k in keys])
-
-
-# --------------------------------------------------------------------------------------------
-# Fig 1: ATTN_M and the 2-layer linear MLP on the cubic feature, one drop.
-
 
 class Fig1Config(CovarianceConfig):
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
@@ -98,59 +34,37 @@ class Fig1Config(CovarianceConfig):
     )
 
 
-def _mse(predict):
-    return lambda params, data: jnp.mean((data.y_q - predict(params, data)) ** 2)
-
-
-def _attn_m_loss(params, aux):
-    return theory.population_loss(models.effective_matrix_attn_m(params), aux["Lam"], aux["inv_N"])
-
-
-def _mlp_loss(params, aux):
-    return theory.mlp_population_loss(params["W1"].T @ params["w2"], aux["Lam"], aux["inv_N"])
-
-
 def run_fig1(config: Fig1Config, reporter) -> dict:
     """ATTN_M and the MLP from the same initial function, under the population and sampled engines."""
     keys = seed_keys(config)
-    S = config.seeds
     Lams = covariances(config, keys)
-    aux = {"Lam": Lams, "inv_N": jnp.full((S,), 1.0 / config.N)}
-    attn0 = jax.vmap(lambda k: models.init_attn_m(jax.random.fold_in(k, 1), config.D, config.H, config.w_init))(keys)
-    mlp0 = jax.vmap(models.mlp_from_attn_m)(attn0)
-    data = jax.vmap(lambda k, L: sample_prompts(jax.random.fold_in(k, 2), L, config.N, config.P))(keys, Lams)
-
-    common = dict(lr=config.lr, n_steps=config.steps, record_every=config.record_every, batched=True)
+    common = dict(keys=keys, Lams=Lams, N=config.N, H=config.H, w_init=config.w_init, lr=config.lr,
+                  steps=config.steps, record_every=config.record_every, reporter=reporter)
     out = {}
-    for name, loss_fn, p0 in (("attn_m", _attn_m_loss, attn0), ("mlp", _mlp_loss, mlp0)):
-        n_rec = config.steps // config.record_every + 1
-        total = config.steps if config.population_method == "gd" else n_rec - 1
-        with reporter.task(f"population {name} ({config.population_method})", total) as cb:
-            if config.population_method == "gd":
-                tr = population.gradient_descent(loss_fn, p0, aux, callback=cb, **common)
-            else:  # the callback counts record intervals here
-                tr = population.gradient_flow(loss_fn, p0, aux, t_max=config.steps * config.lr, n_records=n_rec,
-                                              batched=True, callback=cb)
-        out[f"population_{name}"] = tr.loss
-        out["population_t"] = tr.t
-
-    samp = {"attn_m": (models.predict_attn_m, attn0, _attn_m_loss), "mlp": (models.predict_mlp, mlp0, _mlp_loss)}
-    for name, (predict, p0, pop_fn) in samp.items():
-        with reporter.task(f"sampled {name} (P={config.P})", config.steps) as cb:
-            # The population loss of the sampled weights needs the run's Λ, carried beside the data.
-            tr = sampled.full_batch(
-                lambda p, d: _mse(predict)(p, d["prompts"]),
-                p0, {"prompts": data, "pop": aux},
-                metrics={"population": lambda p, d, f=pop_fn: f(p, d["pop"])},
-                callback=cb, **common,
-            )
-        out[f"sampled_{name}"] = tr.loss
-        out[f"sampled_{name}_population"] = tr.metrics["population"]
-        out["sampled_t"] = tr.t
-        out["sampled_step"] = tr.step
+    for model in ("attn_m", "mlp"):
+        if config.population_method == "gd":
+            tr = train(model, engine="population", label=f"population {model}", **common)
+        else:
+            tr = _flow(model, config, keys, Lams, reporter)
+        out[f"population_{model}"], out["population_t"] = tr.loss, tr.t
+        tr = train(model, engine="sampled", P=config.P, label=f"sampled {model} (P={config.P})", **common)
+        out[f"sampled_{model}"], out["sampled_t"], out["sampled_step"] = tr.loss, tr.t, tr.step
+        out[f"sampled_{model}_population"] = tr.metrics["population"]
     out["eigenvalues"] = config.lambdas()
     out["plateau_levels"] = theory.plateau_losses(config.lambdas(), 1.0 / config.N)
     return out
+
+
+def _flow(model, config: Fig1Config, keys, Lams, reporter):
+    """Population gradient flow on the same time span as the GD runs (t = steps·lr)."""
+    params0 = jax.vmap(lambda k: init_params(model, jax.random.fold_in(k, 1), config.D, config.H, 1, config.w_init))(keys)
+    effective = models.effective_matrix_mlp if model == "mlp" else models.effective_matrix_attn_m
+    aux = {"Lam": Lams, "inv_N": jnp.full((config.seeds,), 1.0 / config.N)}
+    n_rec = config.steps // config.record_every + 1
+    with reporter.task(f"population {model} (gf)", n_rec - 1) as cb:  # counts record intervals
+        return population.gradient_flow(lambda p, a: theory.population_loss(effective(p), a["Lam"], a["inv_N"]),
+                                        params0, aux, t_max=config.steps * config.lr, n_records=n_rec,
+                                        batched=True, callback=cb)
 
 
 def _worst(values, key=np.max):

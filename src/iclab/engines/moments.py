@@ -1,0 +1,97 @@
+"""The moments engine: exact full-batch GD from sufficient statistics.
+
+For a model whose prediction is linear in a fixed feature of the prompt, ŷ = ⟨T(θ), φ(X)⟩, the
+full-batch mean squared loss on P prompts is
+
+    L(θ) = c − 2⟨T, m⟩ + Tᵀ G T,   m = mean(y φ), G = mean(φ φᵀ), c = mean(y²),
+
+so after one pass over the data (:func:`sufficient_statistics`) each step costs O(dim φ²),
+independent of P and N, and follows the same trajectory as full-batch GD on the prompts
+(:mod:`iclab.engines.sampled`) up to rounding. φ is the cubic feature z for the reduced linattn
+models and vec(XXᵀ/N) ⊗ x_q for the full-matrix forms.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from iclab.engines._descent import Schedule, descend
+from iclab.engines._loop import Callback, Trajectory
+
+
+class SufficientStatistics(NamedTuple):
+    """c = mean(y²) (), m = mean(y φ) (F,), G = mean(φφᵀ) (F, F), over P samples."""
+
+    c: jax.Array
+    m: jax.Array
+    G: jax.Array
+    P: int
+
+
+def sufficient_statistics(features: jax.Array, targets: jax.Array, chunk: int = 8192) -> SufficientStatistics:
+    """The statistics of a data set, accumulated over chunks of rows to bound memory.
+
+    Args:
+        features: (P, F) φ of each prompt.
+        targets: (P,) y of each prompt.
+    """
+    P, F = features.shape
+    c = jnp.zeros((), features.dtype)
+    m = jnp.zeros((F,), features.dtype)
+    G = jnp.zeros((F, F), features.dtype)
+    for start in range(0, P, chunk):
+        f, y = features[start : start + chunk], targets[start : start + chunk]
+        c, m, G = c + y @ y, m + f.T @ y, G + f.T @ f
+    return SufficientStatistics(c / P, m / P, G / P, P)
+
+
+def quadratic_loss(T: jax.Array, stats: SufficientStatistics) -> jax.Array:
+    """Full-batch mean squared loss c − 2⟨T, m⟩ + Tᵀ G T of the predictor ⟨T, φ⟩."""
+    return stats.c - 2.0 * T @ stats.m + T @ (stats.G @ T)
+
+
+def full_batch(
+    tensor_fn: Callable[[Any], jax.Array],
+    params0,
+    stats: SufficientStatistics,
+    *,
+    lr: Schedule,
+    n_steps: int,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
+    record_every: int = 1,
+    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
+    extra=None,
+    record_params: bool = False,
+    batched: bool = False,
+    callback: Callback | None = None,
+) -> Trajectory:
+    """Full-batch descent on ``quadratic_loss(tensor_fn(params), stats)``.
+
+    ``metrics`` receive (params, extra): ``extra`` is any pytree the metrics need (e.g. the
+    covariance, to record the population loss of the weights). With ``batched``, params, stats
+    and extra carry a leading seed axis (``P`` is static and shared).
+    """
+    aux = {"c": stats.c, "m": stats.m, "G": stats.G, "extra": extra}
+
+    def objective(params, state):
+        s = state.aux
+        T = tensor_fn(params)
+        return s["c"] - 2.0 * T @ s["m"] + T @ (s["G"] @ T)
+
+    return descend(
+        objective,
+        params0,
+        aux,
+        lr=lr,
+        n_steps=n_steps,
+        optimizer=optimizer,
+        record_every=record_every,
+        metrics={k: (lambda p, a, f=f: f(p, a["extra"])) for k, f in (metrics or {}).items()},
+        record_params=record_params,
+        batched=batched,
+        callback=callback,
+    )

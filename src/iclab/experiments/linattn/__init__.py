@@ -1,0 +1,9 @@
+"""Figures of "Training Dynamics of In-Context Learning in Linear Attention" (linattn), one module
+per figure; importing the package registers them all."""
+
+import importlib
+import pkgutil
+
+for _mod in pkgutil.iter_modules(__path__):
+    if not _mod.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_mod.name}")
