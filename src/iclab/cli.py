@@ -16,6 +16,7 @@ from typer.exceptions import TyperException
 from rich.console import Console
 from rich.table import Table
 
+from iclab.bench import BENCHMARKS
 from iclab.launch import UserError, experiment_or_error, parse_assignment, run_experiment
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -101,6 +102,26 @@ def run_cmd(
         out.print(f"figure:  {result.path / 'figure.png'}")
     if not result.passed:
         raise typer.Exit(1)
+
+
+@app.command("bench")
+def bench_cmd(
+    name: str = typer.Argument(..., help="benchmark name: " + ", ".join(BENCHMARKS)),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Run a benchmark: the fast and the reference path side by side, in one process."""
+    from iclab.bench import run_benchmark
+
+    if name not in BENCHMARKS:
+        raise UserError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    result = run_benchmark(name)
+    if as_json:
+        print(json.dumps(result, indent=2, default=float))
+        return
+    table = Table("measure", "value", title=f"iclab bench {name}: {BENCHMARKS[name][2]}")
+    for key, value in result.items():
+        table.add_row(key, _fmt(value) if not isinstance(value, dict) else json.dumps(value, default=float))
+    out.print(table)
 
 
 def _fmt(x) -> str:

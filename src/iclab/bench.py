@@ -1,0 +1,20 @@
+"""Benchmarks: speed shown side by side in one run (``iclab bench NAME``).
+
+Each benchmark is a function returning a JSON-able dict; they live beside the experiments of
+their paper and are looked up here by name, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS = {
+    "linattn": ("iclab.experiments.linattn._bench", "bench_linattn",
+                "Fig 4 setting (D=8, H=9, R=1, N=31, P=80000): sampled full-batch GD vs the moments engine"),
+}
+
+
+def run_benchmark(name: str, **kwargs) -> dict:
+    """Runs the named benchmark and returns its measurements."""
+    module, func, _ = BENCHMARKS[name]
+    return getattr(importlib.import_module(module), func)(**kwargs)

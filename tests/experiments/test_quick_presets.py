@@ -1,0 +1,25 @@
+"""Every registered experiment's quick preset, end to end: runs, stores, and passes its checks."""
+
+import pytest
+
+from iclab.experiments import all_experiments
+from iclab.launch import run_experiment
+
+EXPERIMENTS = sorted(all_experiments())
+
+
+def test_every_experiment_has_quick_and_paper_presets_and_documented_fields():
+    for exp in all_experiments().values():
+        assert {"quick", "paper"} <= set(exp.presets)
+        for name, info in exp.config.model_fields.items():
+            assert info.description, f"{exp.id}.{name} has no description"
+        exp.resolve("quick")
+        exp.resolve("paper")
+
+
+@pytest.mark.parametrize("exp_id", EXPERIMENTS)
+def test_quick_preset_passes_its_checks(exp_id, tmp_path):
+    result = run_experiment(exp_id, "quick", root=tmp_path)
+    failed = [(c["name"], c["measured"], c["expected"]) for c in result.checks if not c["passed"]]
+    assert not failed, failed
+    assert (result.path / "figure.png").stat().st_size > 0
