@@ -17,10 +17,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from iclab.engines._descent import Schedule, descend
-from iclab.engines._loop import Callback, Trajectory
+from iclab.engines._descent import descend
+from iclab.engines._loop import Trajectory
 
 
 class SufficientStatistics(NamedTuple):
@@ -59,23 +58,18 @@ def full_batch(
     params0,
     stats: SufficientStatistics,
     *,
-    lr: Schedule,
-    n_steps: int,
-    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
-    record_every: int = 1,
     metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
     extra=None,
-    record_params: bool = False,
-    batched: bool = False,
-    callback: Callback | None = None,
+    **options,
 ) -> Trajectory:
     """Full-batch descent on ``quadratic_loss(tensor_fn(params), stats)``.
 
     ``metrics`` receive (params, extra): ``extra`` is any pytree the metrics need (e.g. the
     covariance, to record the population loss of the weights). With ``batched``, params, stats
-    and extra carry a leading seed axis (``P`` is static and shared).
+    and extra carry a leading seed axis (``P`` is static and shared). Other ``options`` are those
+    of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer, record_every,
+    record_params, batched, callback).
     """
-    aux = {"c": stats.c, "m": stats.m, "G": stats.G, "extra": extra}
 
     def objective(params, state):
         s = state.aux
@@ -85,13 +79,7 @@ def full_batch(
     return descend(
         objective,
         params0,
-        aux,
-        lr=lr,
-        n_steps=n_steps,
-        optimizer=optimizer,
-        record_every=record_every,
+        {"c": stats.c, "m": stats.m, "G": stats.G, "extra": extra},
         metrics={k: (lambda p, a, f=f: f(p, a["extra"])) for k, f in (metrics or {}).items()},
-        record_params=record_params,
-        batched=batched,
-        callback=callback,
+        **options,
     )

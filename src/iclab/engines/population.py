@@ -16,40 +16,19 @@ import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from iclab.engines._descent import Schedule, descend
+from iclab.engines._descent import descend
 from iclab.engines._loop import Callback, Trajectory
 
 
-def gradient_descent(
-    loss_fn: Callable[[Any, Any], jax.Array],
-    params0,
-    aux=None,
-    *,
-    lr: Schedule,
-    n_steps: int,
-    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
-    record_every: int = 1,
-    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
-    record_params: bool = False,
-    batched: bool = False,
-    callback: Callback | None = None,
-) -> Trajectory:
-    """Descends the exact expected loss ``loss_fn(params, aux)`` for n_steps optimiser steps."""
-    return descend(
-        lambda params, state: loss_fn(params, state.aux),
-        params0,
-        aux,
-        lr=lr,
-        n_steps=n_steps,
-        optimizer=optimizer,
-        record_every=record_every,
-        metrics=metrics,
-        record_params=record_params,
-        batched=batched,
-        callback=callback,
-    )
+def gradient_descent(loss_fn: Callable[[Any, Any], jax.Array], params0, aux=None, **options) -> Trajectory:
+    """Descends the exact expected loss ``loss_fn(params, aux)``.
+
+    ``options`` are those of :func:`iclab.engines._descent.descend`: lr (float or schedule),
+    n_steps, optimizer (any optax factory; plain GD by default), record_every, metrics
+    ({name: fn(params, aux)}), record_params, batched (leading seed axis), callback.
+    """
+    return descend(lambda params, state: loss_fn(params, state.aux), params0, aux, **options)
 
 
 def gradient_flow(

@@ -14,40 +14,18 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import optax
 
-from iclab.engines._descent import Schedule, descend
-from iclab.engines._loop import Callback, Trajectory
+from iclab.engines._descent import descend
+from iclab.engines._loop import Trajectory
 
 
-def full_batch(
-    loss_fn: Callable[[Any, Any], jax.Array],
-    params0,
-    data,
-    *,
-    lr: Schedule,
-    n_steps: int,
-    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
-    record_every: int = 1,
-    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
-    record_params: bool = False,
-    batched: bool = False,
-    callback: Callback | None = None,
-) -> Trajectory:
-    """Full-batch descent on ``loss_fn(params, data)``; ``metrics`` receive (params, data)."""
-    return descend(
-        lambda params, state: loss_fn(params, state.aux),
-        params0,
-        data,
-        lr=lr,
-        n_steps=n_steps,
-        optimizer=optimizer,
-        record_every=record_every,
-        metrics=metrics,
-        record_params=record_params,
-        batched=batched,
-        callback=callback,
-    )
+def full_batch(loss_fn: Callable[[Any, Any], jax.Array], params0, data, **options) -> Trajectory:
+    """Full-batch descent on ``loss_fn(params, data)``; ``metrics`` receive (params, data).
+
+    ``options`` are those of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer,
+    record_every, metrics, record_params, batched, callback).
+    """
+    return descend(lambda params, state: loss_fn(params, state.aux), params0, data, **options)
 
 
 def minibatch(
@@ -56,31 +34,14 @@ def minibatch(
     sampler: Callable[[jax.Array, Any], Any],
     key: jax.Array,
     aux=None,
-    *,
-    lr: Schedule,
-    n_steps: int,
-    optimizer: Callable[..., optax.GradientTransformation] = optax.sgd,
-    record_every: int = 1,
-    metrics: dict[str, Callable[[Any, Any], jax.Array]] | None = None,
-    record_params: bool = False,
-    batched: bool = False,
-    callback: Callback | None = None,
+    **options,
 ) -> Trajectory:
     """Descent on ``loss_fn(params, sampler(fold_in(key, step), aux))``, a fresh batch per step.
 
-    The recorded ``loss`` is that of the batch the next step would use.
+    The recorded ``loss`` is that of the batch the next step would use; ``metrics`` receive
+    (params, aux). With ``batched``, ``key`` may be one key (split per seed) or one per seed.
     """
     return descend(
         lambda params, state: loss_fn(params, sampler(jax.random.fold_in(state.key, state.step), state.aux)),
-        params0,
-        aux,
-        lr=lr,
-        n_steps=n_steps,
-        optimizer=optimizer,
-        key=key,
-        record_every=record_every,
-        metrics=metrics,
-        record_params=record_params,
-        batched=batched,
-        callback=callback,
+        params0, aux, key=key, **options,
     )
