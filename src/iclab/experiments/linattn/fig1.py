@@ -109,7 +109,8 @@ def checks_fig1(config: Fig1Config, r: dict) -> list:
                   _worst(r["population_attn_m"][..., -1], key=lambda v: v[np.argmax(np.abs(v - LD))]), LD, 1e-3),
         check_abs("final sampled training loss = L(M_D)",
                   _worst(r["sampled_attn_m"][..., -1], key=lambda v: v[np.argmax(np.abs(v - LD))]), LD, 0.01,
-                  f"finite P = {config.P}: train loss sits below the population value by O(D²/P)"),
+                  f"finite P = {config.P}: the training loss differs from the population value by O(1/√P) "
+                  "sampling noise and O(D²/P) overfitting"),
     ]
 
 
