@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The headline reproduction: linattn Fig 1 at the paper's settings, its figure and its checks.
+# The headline reproduction: linattn Fig 1 at the paper's settings, its figure and its checks,
+# then the browsable report of the result store (its index path is printed last).
 demo: $(STAMP)
 	$(BIN)/iclab run linattn.fig1 --preset paper
+	$(BIN)/iclab report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -24,4 +26,4 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) iclab-results .pytest_cache
+	rm -rf $(VENV) iclab-results .pytest_cache test-artifacts

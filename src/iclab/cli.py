@@ -104,6 +104,30 @@ def run_cmd(
         raise typer.Exit(1)
 
 
+@app.command("report")
+def report_cmd(
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="site folder (default: <results root>/report)"),
+    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    open_browser: bool = typer.Option(False, "--open", help="open the index in a web browser"),
+) -> None:
+    """Build a static HTML report of every finished run: figures, checks, configs, data."""
+    from iclab.report import build_site
+    from iclab.store import default_root
+
+    root = results or default_root()
+    try:
+        index = build_site(root, out_dir or root / "report")
+    except FileNotFoundError:
+        print(f"No finished runs in {root}: run an experiment first, e.g. `iclab run linattn.fig1`, "
+              "then `iclab report`.", file=sys.stderr)
+        raise typer.Exit(1)
+    out.print(f"report: {index.resolve()}")
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(index.resolve().as_uri())
+
+
 @app.command("bench")
 def bench_cmd(
     name: str = typer.Argument(..., help="benchmark name: " + ", ".join(BENCHMARKS)),
