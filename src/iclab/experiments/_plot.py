@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 # One colour per model / head / task across every figure of the project.
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 MODEL_COLORS = {"ATTN_M": COLORS[0], "MLP": COLORS[1], "ATTN_S": COLORS[2]}
@@ -15,7 +10,12 @@ TIME_LABEL = "t = Σ lr   (paper time t/τ = 2t)"
 
 
 def figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.6):
-    """A figure with a grid of axes in the project style."""
+    """A figure with a grid of axes in the project style (Agg backend: files, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # imported here: a reused result needs no plotting
+
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, constrained_layout=True)
     for ax in axes.flat:
         ax.grid(alpha=0.25)

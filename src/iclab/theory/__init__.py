@@ -3,8 +3,17 @@
 - :mod:`iclab.theory.linattn`: linear attention training dynamics (Zhang, Singh, Latham, Saxe).
 - :mod:`iclab.theory.wpgd`: gated linear attention as weighted preconditioned GD (gating).
 - :mod:`iclab.theory.drift`: GLA with a forget factor under AR(1) task drift (drift).
+
+Submodules load on first access (``iclab.theory.wpgd``), so importing one paper's theory does
+not pay for scipy.optimize and the others.
 """
 
-from iclab.theory import drift, linattn, wpgd
+import importlib
 
 __all__ = ["drift", "linattn", "wpgd"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
