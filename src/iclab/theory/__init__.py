@@ -3,6 +3,7 @@
 - :mod:`iclab.theory.linattn`: linear attention training dynamics (Zhang, Singh, Latham, Saxe).
 - :mod:`iclab.theory.wpgd`: gated linear attention as weighted preconditioned GD (gating).
 - :mod:`iclab.theory.drift`: GLA with a forget factor under AR(1) task drift (drift).
+- :mod:`iclab.theory.mhsa`: multi-head softmax attention dynamics and optimality (mhsa).
 
 Submodules load on first access (``iclab.theory.wpgd``), so importing one paper's theory does
 not pay for scipy.optimize and the others.
@@ -10,7 +11,7 @@ not pay for scipy.optimize and the others.
 
 import importlib
 
-__all__ = ["drift", "linattn", "wpgd"]
+__all__ = ["drift", "linattn", "mhsa", "wpgd"]
 
 
 def __getattr__(name):
