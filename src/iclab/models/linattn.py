@@ -20,8 +20,12 @@ from iclab.tasks.linreg import Prompts, context_moment, prompt_matrix
 
 def cubic_feature(prompts: Prompts) -> jax.Array:
     """z = vec(β x_qᵀ) = x_q ⊗ β (eq 42), column-stacking vec. Returns (P, D²)."""
-    beta = context_moment(prompts)
-    return jnp.einsum("pj,pi->pji", prompts.x_q, beta).reshape(beta.shape[0], -1)
+    return cubic_feature_from_moments(context_moment(prompts), prompts.x_q)
+
+
+def cubic_feature_from_moments(beta: jax.Array, x_q: jax.Array) -> jax.Array:
+    """z = x_q ⊗ β (eq 42) from β (P, D) and x_q (P, D): z[p, jD + i] = β_i x_{q,j}. Returns (P, D²)."""
+    return jnp.einsum("pj,pi->pji", x_q, beta).reshape(beta.shape[0], -1)
 
 
 def predict_attn_m(params, prompts: Prompts) -> jax.Array:
@@ -231,3 +235,36 @@ def tensor_attn_s_full(params) -> jax.Array:
     """T for full ATTN_S: T[a,b,c] = Σ_i W^V_i[D,a] Σ_r W^K_i[r,b] W^Q_i[r,c], c ≤ D."""
     D = params["WQ"].shape[-1] - 1
     return jnp.einsum("ha,hrb,hrc->abc", params["WV"][:, -1, :], params["WK"], params["WQ"][:, :, :D]).reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Next-token loss (eq 23): every prefix of a prompt acts as a query.
+
+
+def next_token_features(prompts: Prompts, normalization: str = "context") -> tuple[jax.Array, jax.Array]:
+    """Cubic features and targets of every (prompt, position) row of the next-token loss (eq 23).
+
+    The N+1 tokens of a prompt (context pairs and the query, whose label is the target y_q) are
+    read as one sequence; position n = 2..N+1 is a query with the first n−1 pairs as context:
+    z_n = vec(β_n x_nᵀ) = x_n ⊗ β_n (column-stacking, as :func:`cubic_feature`), with
+    β_n = (1/(n−1)) Σ_{j<n} y_j x_j (``normalization="context"``, the paper's 1/N) or
+    (1/n) Σ_{j<n} y_j x_j (``"tokens"``: the reference code's ``--vary_len``, which divides by the
+    token count including the query). The mean squared loss over all P·N rows is the empirical
+    next-token loss (1/N_max) Σ_n (y_n − ŷ_n)² averaged over prompts, with N_max = N.
+
+    Args:
+        prompts: P prompts of N context pairs (N = N_max).
+        normalization: "context" (n−1) or "tokens" (n).
+    Returns:
+        (z (P, N, D²), y (P, N)): row n−2 belongs to position n.
+    """
+    if normalization not in ("context", "tokens"):
+        raise ValueError(f"normalization must be 'context' or 'tokens' (got {normalization!r})")
+    xs = jnp.concatenate([prompts.x, prompts.x_q[:, None, :]], axis=1)  # (P, N+1, D)
+    ys = jnp.concatenate([prompts.y, prompts.y_q[:, None]], axis=1)  # (P, N+1)
+    n_ctx = jnp.arange(1, xs.shape[1], dtype=xs.dtype)  # context pairs of positions 2..N+1
+    sums = jnp.cumsum(ys[:, :-1, None] * xs[:, :-1, :], axis=1)  # Σ_{j<n} y_j x_j, (P, N, D)
+    beta = sums / (n_ctx if normalization == "context" else n_ctx + 1.0)[None, :, None]
+    x_n = xs[:, 1:, :]
+    z = jnp.einsum("pnj,pni->pnji", x_n, beta).reshape(x_n.shape[0], x_n.shape[1], -1)
+    return z, ys[:, 1:]

@@ -97,3 +97,123 @@ def prompt_matrix(prompts: Prompts) -> jax.Array:
     xs = jnp.concatenate([prompts.x, prompts.x_q[:, None, :]], axis=1)
     ys = jnp.concatenate([prompts.y, jnp.zeros_like(prompts.y_q)[:, None]], axis=1)
     return jnp.concatenate([jnp.swapaxes(xs, 1, 2), ys[:, None, :]], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-weight learning (App G, Fig 14): a portion of the prompts share one fixed task vector.
+
+
+def fixed_task_vector(key: jax.Array, D: int) -> jax.Array:
+    """A N(0, I_D) draw rescaled to ‖w‖ = √D (= E‖w‖² of the random tasks): the reference code's
+    fixed task vector of Fig 14 (the paper leaves it unspecified). Returns (D,) float64."""
+    w = jax.random.normal(key, (D,), dtype=jnp.float64)
+    return w * jnp.sqrt(D) / jnp.linalg.norm(w)
+
+
+def sample_mixture_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int, fixed_fraction: float,
+                           w_fixed: jax.Array, context: Literal["task", "noise"] = "task",
+                           noise_std: float = 1.0, whiten: bool = False) -> Prompts:
+    """P prompts of which the last round(fixed_fraction·P) share the task vector ``w_fixed``.
+
+    The first prompts have w ~ N(0, I) as in eq 2 (the reference code's ``--icl c`` puts its
+    random-task prompts first too). The query label of a fixed-task prompt is always
+    y_q = w_fixedᵀx_q; its context labels are w_fixedᵀx_n (``context="task"``) or iid
+    N(0, noise_std²) noise (``"noise"``: the reference's in-weight test set, and its training set
+    when every prompt is fixed), so that only the weights can predict y_q.
+
+    Args:
+        key: PRNG key.
+        Lam: (D, D) covariance.
+        N: context pairs per prompt.
+        P: number of prompts.
+        fixed_fraction: portion of prompts with the fixed task, in [0, 1].
+        w_fixed: (D,) the fixed task vector.
+        context: context labels of the fixed-task prompts.
+        noise_std: standard deviation of the noise labels.
+        whiten: give the random task vectors exact zero mean and identity empirical covariance
+            (:func:`whiten_tasks`; the reference code does so when every task is random), which
+            removes the training set's mean task, a spurious in-weight target of the full model.
+    """
+    if not 0.0 <= fixed_fraction <= 1.0:
+        raise ValueError(f"fixed_fraction must be in [0, 1] (got {fixed_fraction})")
+    if context not in ("task", "noise"):
+        raise ValueError(f"context must be 'task' or 'noise' (got {context!r})")
+    k_base, k_noise = jax.random.split(key)
+    base = sample_prompts(k_base, Lam, N, P)
+    n_fixed = int(round(fixed_fraction * P))
+    fixed = (jnp.arange(P) >= P - n_fixed)[:, None]
+    w_random = base.w
+    if whiten and P - n_fixed > 0:
+        w_random = w_random.at[: P - n_fixed].set(whiten_tasks(w_random[: P - n_fixed]))
+    w = jnp.where(fixed, jnp.asarray(w_fixed, dtype=Lam.dtype)[None, :], w_random)
+    y_task = jnp.einsum("pnd,pd->pn", base.x, w)
+    if context == "noise":
+        noise = noise_std * jax.random.normal(k_noise, y_task.shape, dtype=Lam.dtype)
+        y_task = jnp.where(fixed, noise, y_task)
+    return Prompts(x=base.x, y=y_task, x_q=base.x_q, y_q=jnp.einsum("pd,pd->p", base.x_q, w), w=w)
+
+
+def whiten_tasks(w: jax.Array) -> jax.Array:
+    """Task vectors with exact zero mean and identity empirical covariance (ddof = 1), as the
+    reference code's ``whiten``: (w − w̄) C^{-1/2}, C the sample covariance. w: (P, D), P > D."""
+    P, D = w.shape
+    if P <= D:
+        raise ValueError(f"whitening needs more task vectors than dimensions (got P = {P}, D = {D})")
+    centred = w - w.mean(axis=0, keepdims=True)
+    evals, evecs = jnp.linalg.eigh(centred.T @ centred / (P - 1))
+    return centred @ (evecs / jnp.sqrt(evals)[None, :]) @ evecs.T
+
+
+# ---------------------------------------------------------------------------------------------
+# What the reduced linattn models read of a prompt, drawn without its N context pairs.
+
+
+class QueryMoments(NamedTuple):
+    """β (eq 4), x_q, y_q and w of P prompts: all that the reduced models (eqs M, S) read.
+
+    Attributes:
+        beta: (P, D) β = (1/N) Σ_n y_n x_n.
+        x_q: (P, D) query inputs.
+        y_q: (P,) query labels.
+        w: (P, D) task vectors.
+    """
+
+    beta: jax.Array
+    x_q: jax.Array
+    y_q: jax.Array
+    w: jax.Array
+
+
+def sample_query_moments(key: jax.Array, Lam: jax.Array, N: int, P: int) -> QueryMoments:
+    """(β, x_q, y_q, w) of P prompts of eq 2, drawn from their exact joint law without the contexts.
+
+    With Λ = CCᵀ, x_n = C u_n (u_n ~ N(0, I)) and a = Cᵀw: y_n = aᵀu_n and
+    β = (1/N) C Σ_n u_n (aᵀu_n). Splitting u_n = â s_n + u⊥_n along â = a/‖a‖ (s_n ~ N(0, 1)
+    independent of u⊥_n) gives Σ_n u_n aᵀu_n = ‖a‖ (â Q + Σ_n u⊥_n s_n) with Q = Σ_n s_n² ~ χ²_N
+    and, given the s_n, Σ_n u⊥_n s_n ~ N(0, Q (I − ââᵀ)). Hence
+
+        β = (1/N) C (a Q + ‖a‖ √Q (I − ââᵀ) g),   g ~ N(0, I_D),
+
+    Q is drawn as a sum of N squared normals (exact; jax's gamma sampler costs seconds to
+    compile): N + 3D random numbers per prompt instead of (N + 2)D. Equal in law (not draw by draw) to
+    ``context_moment(sample_prompts(key, Lam, N, P))`` with its x_q, y_q, w; E[ββᵀ] = E[Λ̂²] (eq 31).
+
+    Args:
+        key: PRNG key.
+        Lam: (D, D) covariance.
+        N: context pairs per prompt.
+        P: number of prompts.
+    """
+    D = Lam.shape[0]
+    kw, kq, kg, kc = jax.random.split(key, 4)
+    chol = jnp.linalg.cholesky(Lam)
+    w = jax.random.normal(kw, (P, D), dtype=Lam.dtype)
+    u_q = jax.random.normal(kq, (P, D), dtype=Lam.dtype)
+    g = jax.random.normal(kg, (P, D), dtype=Lam.dtype)
+    Q = jnp.sum(jax.random.normal(kc, (P, N), dtype=Lam.dtype) ** 2, axis=1)
+    a = w @ chol  # rows a_p = Cᵀ w_p
+    norm = jnp.linalg.norm(a, axis=1, keepdims=True)
+    a_hat = a / norm
+    g_perp = g - a_hat * jnp.sum(a_hat * g, axis=1, keepdims=True)
+    beta = (a * Q[:, None] + norm * jnp.sqrt(Q)[:, None] * g_perp) @ chol.T / N
+    return QueryMoments(beta=beta, x_q=u_q @ chol.T, y_q=jnp.sum(a * u_q, axis=1), w=w)

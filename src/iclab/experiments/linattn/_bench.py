@@ -1,0 +1,127 @@
+"""Benchmark: the moments engine against full-batch GD on the prompts, in the Fig 4 setting.
+
+Both engines train the reduced ATTN_S (D = 8, H = 9, R = 1, N = 31, λ_d ∝ 1/d) from the same eq-36
+init on the same P prompts (those :func:`iclab.experiments.linattn._common.train` draws for seed 0
+of the base seed), so their loss trajectories must agree to rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclab.engines import moments, sampled
+from iclab.experiments.linattn._common import init_params, prompt_statistics
+from iclab.experiments.linattn.fig4 import REFERENCE_LR
+from iclab.models import linattn as models
+from iclab.tasks.linreg import covariance, sample_prompts, spectrum_eigenvalues
+
+D, H, R, N = 8, 9, 1, 31
+W_INIT = 0.4  # Fig 4's default init
+MOMENTS_STEPS = 100_000  # the moments engine is timed over this many steps (~µs each)
+
+
+def _setup(P: int, seed: int):
+    """Seed key, Λ, initial params and the P prompts, as ``train`` draws them for one seed (S = 1)."""
+    keys = jax.random.fold_in(jax.random.PRNGKey(seed), 0)[None]
+    Lams = covariance(spectrum_eigenvalues("inverse", D))[None]
+    params0 = jax.vmap(lambda k: init_params("attn_s", jax.random.fold_in(k, 1), D, H, R, W_INIT))(keys)
+    data = jax.vmap(lambda k, L: sample_prompts(jax.random.fold_in(k, 2), L, N, P))(keys, Lams)
+    return keys, Lams, params0, data
+
+
+def _sampled_loss(params, prompts):
+    return jnp.mean((prompts.y_q - models.predict_attn_s(params, prompts)) ** 2)
+
+
+def _timed(fn, n_steps: int, repeats: int = 2) -> float:
+    """Least wall time of ``repeats`` calls of fn(n_steps) (each compiles anew: the engines jit per call)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(n_steps)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _per_step(fn, n_short: int, n_long: int) -> tuple[float, float]:
+    """(seconds per step after compilation, seconds of compilation and fixed overhead per call).
+
+    Every engine call traces and compiles its loop again, so the per-step cost is the slope between a
+    short and a long run recording only their last step (the same compiled structure), and the
+    intercept is what a call costs besides its steps.
+    """
+    t_short, t_long = _timed(fn, n_short), _timed(fn, n_long)
+    per_step = (t_long - t_short) / (n_long - n_short)
+    return per_step, t_short - n_short * per_step
+
+
+def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
+    """Moments vs sampled full-batch GD on the reduced ATTN_S, Fig 4 setting (R = 1), one process.
+
+    Args:
+        P: training prompts.
+        steps: steps of the two trajectories compared, and of the timed sampled run.
+        seed: base seed.
+    Returns:
+        JSON-able dict: per-step seconds of each engine after compilation, the statistics pass of the
+        moments engine (once, and amortised over ``steps`` and over Fig 4's 20000 steps), the
+        speedups, the largest relative loss difference over the first ``steps`` steps, and the load.
+    """
+    load_before = os.getloadavg()
+    keys, Lams, params0, data = _setup(P, seed)
+    lr = REFERENCE_LR
+
+    def run_sampled(n, record_every=None):
+        return sampled.full_batch(_sampled_loss, params0, data, lr=lr, n_steps=n,
+                                  record_every=record_every or n, batched=True)
+
+    start = time.perf_counter()
+    stats = prompt_statistics(keys, Lams, N, P, method="prompts")
+    jax.block_until_ready(stats.G)
+    t_stats = time.perf_counter() - start  # includes compiling the pass
+    start = time.perf_counter()
+    jax.block_until_ready(prompt_statistics(keys, Lams, N, P, method="prompts").G)
+    t_stats_again = time.perf_counter() - start
+
+    def run_moments(n, record_every=None):
+        return moments.full_batch(models.tensor_attn_s, params0, stats, lr=lr, n_steps=n,
+                                  record_every=record_every or n, batched=True)
+
+    # The trajectories (also the warm-up of both engines).
+    loss_s = np.asarray(run_sampled(steps, record_every=1).loss)[0]
+    loss_m = np.asarray(run_moments(steps, record_every=1).loss)[0]
+    max_rel_diff = float(np.max(np.abs(loss_m - loss_s) / np.abs(loss_s)))
+
+    per_step_s, overhead_s = _per_step(run_sampled, max(steps // 10, 1), steps)
+    per_step_m, overhead_m = _per_step(run_moments, MOMENTS_STEPS // 100, MOMENTS_STEPS)
+    stats_pass = min(t_stats, t_stats_again)
+
+    def amortised(n):
+        return per_step_m + stats_pass / n
+
+    return {
+        "setting": f"ATTN_S reduced, D={D}, H={H}, R={R}, N={N}, lambda ~ 1/d, P={P}, lr={lr:.4g}, "
+                   f"w_init={W_INIT}, float64, 1 seed",
+        "sampled_s_per_step": per_step_s,
+        "moments_s_per_step": per_step_m,
+        "speedup_per_step": per_step_s / per_step_m,
+        "moments_statistics_pass_s": stats_pass,
+        "moments_statistics_pass_first_call_s": t_stats,
+        "moments_s_per_step_amortised_over_steps": amortised(steps),
+        "speedup_amortised_over_steps": per_step_s / amortised(steps),
+        "moments_s_per_step_amortised_over_20000": amortised(20_000),
+        "speedup_amortised_over_20000": per_step_s / amortised(20_000),
+        "compile_and_overhead_per_call_s": {"sampled": overhead_s, "moments": overhead_m},
+        "steps_compared": steps,
+        "max_relative_loss_difference": max_rel_diff,
+        "timed_steps": {"sampled": [max(steps // 10, 1), steps], "moments": [MOMENTS_STEPS // 100, MOMENTS_STEPS]},
+        "targets": "speedup >= 1e4, difference <= 1e-9",
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "cpus": os.cpu_count(),
+        "device": str(jax.devices()[0]),
+    }
