@@ -1,0 +1,3 @@
+"""Shared helpers of the mhsa experiments."""
+
+PAPER = "mhsa"
