@@ -1,13 +1,15 @@
-"""The ``iclab`` command: a thin layer over :mod:`iclab.launch` and the experiment registry.
+"""The ``iclab`` command: a thin layer over :mod:`iclab.launch`, :mod:`iclab.sweep` and the
+experiment registry.
 
-User errors print one line and exit 2; a failing check makes ``run`` exit 1; bugs keep their
-traceback.
+User errors print one line and exit 2; a failing check (or a diverged or failed point) makes
+``run`` and ``sweep`` exit 1; bugs keep their traceback.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -78,15 +80,27 @@ def run_cmd(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
     force: bool = typer.Option(False, "--force", help="recompute even if a stored result exists"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="checkpoint every K chunks of each engine loop (default $ICLAB_CHECKPOINT_EVERY, "
+        "else every 60 s; 0: off)"),
 ) -> None:
-    """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails."""
+    """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
+
+    A run killed part-way resumes from its last checkpoint when run again; a NaN or infinite loss
+    stops it as diverged (exit 1), with the finite part of its trajectory stored."""
     from iclab.progress import default_reporter
 
     overrides = dict(parse_assignment(a) for a in assignments or [])
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
-                            reporter=default_reporter())
+                            reporter=default_reporter(), checkpoint_every=checkpoint_every,
+                            on_wait=lambda: print("another process is computing this run: waiting for it",
+                                                  file=sys.stderr))
     if as_json:
         print(json.dumps(result.as_dict(), indent=2))
+    elif result.status == "diverged":
+        how = "stored result" if result.reused else f"ran {result.wall_s:.1f} s"
+        out.print(f"[red]diverged[/red]: {result.diverged['message']} ({how})")
+        out.print(f"partial trajectory: {result.path / 'trajectories.npz'}")
     else:
         table = Table("check", "measured", "expected", "tolerance", "result", title=f"{result.experiment} ({preset})")
         for c in result.checks:
@@ -102,6 +116,136 @@ def run_cmd(
         out.print(f"figure:  {result.path / 'figure.png'}")
     if not result.passed:
         raise typer.Exit(1)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    experiment: str = typer.Argument(..., help="experiment id, e.g. linattn.fig1"),
+    grids: Optional[List[str]] = typer.Option(None, "--grid", help="a swept field: key=v1,v2,... (repeatable; the "
+                                              "grid is their product; default: the experiment's own grid)"),
+    assignments: Optional[List[str]] = typer.Option(None, "--set", help="fix a config field: key=value (repeatable)"),
+    preset: str = typer.Option("quick", "--preset", help="quick or paper"),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="number of seeds of every point (vmapped)"),
+    executor: str = typer.Option("local", "--executor", help="local (process pool on this machine) or ray (a running Ray cluster)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: auto (default) or host:port"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="points computed at once (local default: one per "
+                                          "core, 1 runs in this process; ray default: the cluster's CPUs)"),
+    retries: int = typer.Option(2, "--retries", help="times a point whose worker died is retried"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    force: bool = typer.Option(False, "--force", help="recompute points that have a stored result"),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="checkpoint every K chunks (see run)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the points (and which are stored) without running"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Run an experiment over a grid of config values, locally or on a Ray cluster.
+
+    Stored points are reused, so a sweep run again after a crash computes only what is missing
+    (points killed part-way resume from their checkpoints). Exit 1 if a point failed, diverged or
+    failed a check."""
+    from iclab.progress import default_sweep_progress
+    from iclab.store import Store
+    from iclab.sweep import parse_grid, plan_sweep, run_sweep
+
+    overrides = dict(parse_assignment(a) for a in assignments or [])
+    grid = parse_grid(grids)
+    if dry_run:
+        exp, points = plan_sweep(experiment, grid, preset, overrides, seeds)
+        store = Store(out_dir)
+        rows = [{"values": p.values, "config_hash": p.digest,
+                 "stored": store.finished(exp.id, p.digest) is not None} for p in points]
+        if as_json:
+            print(json.dumps({"experiment": exp.id, "preset": preset, "points": rows}, indent=2))
+            return
+        table = Table("point", "config hash", "stored", title=f"{exp.id} ({preset}): {len(points)} points")
+        for p, r in zip(points, rows):
+            table.add_row(p.label, p.digest, "yes" if r["stored"] else "no")
+        out.print(table)
+        return
+    result = run_sweep(experiment, grid, preset, overrides, seeds=seeds, root=out_dir, executor=executor,
+                       address=address, workers=workers, retries=retries, force=force,
+                       checkpoint_every=checkpoint_every, progress=default_sweep_progress())
+    if as_json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        table = Table("point", "status", "checks", "wall", "result", title=f"{result.experiment} ({preset}), {executor}")
+        for r in result.points:
+            colour = {"done": "green", "cached": "green", "diverged": "red", "failed": "red"}[r.status]
+            checks = f"{sum(c['passed'] for c in r.checks)}/{len(r.checks)}" if r.status != "failed" else "–"
+            table.add_row(r.point.label, f"[{colour}]{r.status}[/{colour}]", checks,
+                          f"{r.wall_s:.1f} s" if r.status != "cached" else "–", str(r.path or r.error or ""))
+        out.print(table)
+        for r in result.points:
+            if r.status in ("failed", "diverged"):
+                out.print(f"[red]{r.status}[/red] {r.point.label}: {r.error}")
+        counts = ", ".join(f"{result.count(s)} {s}" for s in ("done", "cached", "diverged", "failed"))
+        out.print(f"{len(result.points)} points: {counts}; {result.wall_s:.1f} s")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command("runs")
+def runs_cmd(
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="only this experiment"),
+    status: Optional[str] = typer.Option(None, "--status", help="only this status: running, done, failed, diverged, interrupted"),
+    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    limit: int = typer.Option(0, "--limit", help="at most this many rows, newest first (0: all)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """List runs from the result store's index, newest first."""
+    from iclab.store import STATUSES, Store
+
+    if status is not None and status not in STATUSES:
+        raise UserError(f"--status must be one of {', '.join(STATUSES)} (got {status!r})")
+    rows = Store(results).rows(experiment=experiment, status=status)
+    if limit > 0:
+        rows = rows[:limit]
+    if as_json:
+        for r in rows:
+            r["config"] = json.loads(r["config"]) if r.get("config") else None
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("id", "experiment", "hash", "preset", "status", "checks", "wall", "started", "error")
+    for r in rows:
+        colour = {"done": "green", "running": "yellow"}.get(r["status"], "red")
+        checks = f"{r['checks_passed']}/{r['checks_total']}" if r["checks_total"] is not None else "–"
+        wall = f"{r['wall_s']:.1f} s" if r["wall_s"] is not None else "–"
+        started = time.strftime("%m-%d %H:%M", time.localtime(r["started"]))
+        table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], r["preset"] or "",
+                      f"[{colour}]{r['status']}[/{colour}]", checks, wall, started, (r["error"] or "")[:60])
+    out.print(table)
+    out.print(f"{len(rows)} runs in {Store(results).root}")
+
+
+@app.command("export")
+def export_cmd(
+    experiment: str = typer.Argument(..., help="experiment id, e.g. linattn.fig1"),
+    fmt: str = typer.Option("csv", "--format", help="csv or parquet (parquet needs pyarrow)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="output file (default <results>/exports/<experiment>.<format>)"),
+    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+) -> None:
+    """Write one table of configs and metrics (check values) across the stored runs of an experiment."""
+    from iclab.export import FORMATS, export_rows, write_csv, write_parquet
+    from iclab.store import default_root
+
+    exp = experiment_or_error(experiment)
+    if fmt not in FORMATS:
+        raise UserError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise UserError("parquet export needs pyarrow: pip install pyarrow (or 'iclab[parquet]'), "
+                            "or use --format csv") from None
+    root = results or default_root()
+    columns, rows = export_rows(root, exp.id, list(exp.config.model_fields))
+    if not rows:
+        print(f"No stored runs of {exp.id} in {root}: run it first, e.g. `iclab run {exp.id}`.", file=sys.stderr)
+        raise typer.Exit(1)
+    path = out_file or Path(root) / "exports" / f"{exp.id}.{fmt}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (write_csv if fmt == "csv" else write_parquet)(path, columns, rows)
+    out.print(f"{len(rows)} runs × {len(columns)} columns: {path}")
 
 
 @app.command("report")
@@ -158,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         # Without standalone mode, an Exit(code) raised in a command comes back as the return value.
         rc = app(args=argv, standalone_mode=False)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except typer.Exit as err:
         return err.exit_code
@@ -168,9 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     except TyperException as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
             return 0
-        print(f"error: {err.format_message()}", file=sys.stderr)
+        print(f"error: {_one_line(err.format_message())}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) else 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

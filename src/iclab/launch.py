@@ -1,12 +1,22 @@
 """The one launcher: resolve an experiment's config, run it (or reuse the stored result), check,
-plot and store. Everything the CLI does is a call of :func:`run_experiment`.
+plot and store. Everything ``iclab run`` does is a call of :func:`run_experiment`; ``iclab sweep``
+(:mod:`iclab.sweep`) runs the same :func:`compute_point` on workers and stores what they return.
+
+A run takes its lock in the store (one process computes a given config at a time; a second one
+waits and reuses the result), checkpoints its engine loops in its in-progress folder (a killed run
+resumes from there, see :mod:`iclab.checkpoint`), and ends ``done``, ``diverged`` (the loss became
+NaN or infinite: the finite part of the trajectory is stored), or ``failed`` (an exception).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +25,7 @@ from pydantic import ValidationError
 from iclab import __version__
 from iclab.experiments import Check, get_experiment
 from iclab.experiments._registry import all_experiments
-from iclab.progress import Reporter
+from iclab.progress import Reporter, RunReporter
 from iclab.store import Store, config_hash
 
 
@@ -33,21 +43,30 @@ class RunResult:
     checks: list[dict]
     reused: bool
     wall_s: float
+    status: str = "done"
+    diverged: dict | None = None
+    resumed: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(c["passed"] for c in self.checks)
+        return self.status == "done" and all(c["passed"] for c in self.checks)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "experiment": self.experiment,
             "path": str(self.path),
+            "status": self.status,
             "reused": self.reused,
             "wall_s": self.wall_s,
             "passed": self.passed,
             "checks": self.checks,
             "config": self.config,
         }
+        if self.diverged is not None:
+            out["diverged"] = self.diverged
+        if self.resumed:
+            out["resumed"] = self.resumed
+        return out
 
 
 def experiment_or_error(exp_id: str):
@@ -128,6 +147,145 @@ def resolve_config(exp_id: str, preset: str = "quick", overrides: dict | None = 
         raise UserError(f"{exp_id}: {describe_validation_error(err, exp.config)}") from None
 
 
+def checkpoint_settings(every: int | None = None, seconds: float | None = None) -> tuple[int | None, float | None]:
+    """Checkpoint interval in chunks and seconds: the arguments, else ``ICLAB_CHECKPOINT_EVERY`` and
+    ``ICLAB_CHECKPOINT_SECONDS``, else by time only (every 60 s)."""
+    from iclab.checkpoint import env_settings
+
+    try:
+        env_every, env_seconds = env_settings()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    every = env_every if every is None else every
+    seconds = env_seconds if seconds is None else seconds
+    if every is not None and every < 0:
+        raise UserError(f"checkpoint interval must be ≥ 0 chunks (got {every})")
+    if seconds is not None and seconds <= 0:
+        raise UserError(f"checkpoint interval must be > 0 seconds (got {seconds})")
+    return every, seconds
+
+
+def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
+            checkpoint_seconds: float | None = None, reporter: Reporter | None = None) -> dict:
+    """Runs, checks and plots one config; returns what the store needs (a picklable payload).
+
+    With ``running_dir`` the engine loops checkpoint there and resume from what they find. A NaN or
+    infinite loss ends the run as ``diverged`` with its finite trajectory; exceptions propagate.
+
+    Returns:
+        {"status": "done" | "diverged", "arrays", "checks" (dicts), "figure_png", "figure_pdf"
+        (bytes), "wall_s", "resumed" (notes), "diverged" (dict or None), "host"}.
+    """
+    from iclab.checkpoint import RunCheckpoints
+    from iclab.engines._loop import Diverged
+
+    start = time.perf_counter()
+    checkpoints = None
+    if running_dir is not None:
+        checkpoints = RunCheckpoints(running_dir, checkpoint_every, checkpoint_seconds)
+    run_reporter = RunReporter(reporter or Reporter(), checkpoints)
+    payload = {"host": socket.gethostname(), "diverged": None}
+    try:
+        try:
+            arrays = exp.run(config, run_reporter)
+        except Diverged as div:
+            payload["status"] = "diverged"
+            payload["diverged"] = {"task": div.label, "step": div.step, "t": div.t, "message": str(div),
+                                   "last_finite_step": div.last_finite_step, "last_finite_t": div.last_finite_t,
+                                   "last_finite_loss": div.last_finite_loss}
+            payload["arrays"] = _flat_arrays(div.records)
+            payload["checks"] = []
+            fig = _diverged_figure(exp.id, payload["arrays"], str(div))
+        else:
+            payload["status"] = "done"
+            payload["arrays"] = {k: np.asarray(v) for k, v in arrays.items()}
+            checks: list[Check] = exp.checks(config, payload["arrays"])
+            payload["checks"] = [c.as_dict() for c in checks]
+            fig = exp.plot(config, payload["arrays"])
+        payload["figure_png"], payload["figure_pdf"] = _figure_bytes(fig)
+    except Exception:
+        if running_dir is not None:  # checkpoints of a failing run may come from a bug: start afresh
+            shutil.rmtree(running_dir, ignore_errors=True)
+        raise
+    payload["resumed"] = list(checkpoints.events) if checkpoints is not None else []
+    payload["wall_s"] = time.perf_counter() - start
+    return payload
+
+
+def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | None = None,
+                  checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
+                  driver_host: str | None = None) -> dict:
+    """:func:`compute` for a worker process (local pool or Ray task): rebuilds the config from its
+    resolved JSON and checks that it hashes as the driver's. Checkpoints go to ``running_dir`` on
+    the worker's file system; a worker on another host than the driver removes them once done
+    (the driver stores the result and cannot see them)."""
+    import iclab  # noqa: F401  (float64 on, in a fresh worker)
+
+    exp = experiment_or_error(exp_id)
+    config = exp.config.model_validate(resolved)
+    again = config_hash(exp.id, config.model_dump(mode="json"))
+    if again != digest:
+        raise RuntimeError(f"config of {exp_id} does not round-trip on the worker (hash {again} != {digest})")
+    if running_dir is not None:
+        try:
+            Path(running_dir).parent.mkdir(parents=True, exist_ok=True)
+        except OSError:  # no such results root on this node: run without checkpoints
+            running_dir = None
+    payload = compute(exp, config, running_dir=running_dir, checkpoint_every=checkpoint_every,
+                      checkpoint_seconds=checkpoint_seconds)
+    if running_dir is not None and driver_host is not None and driver_host != socket.gethostname():
+        shutil.rmtree(running_dir, ignore_errors=True)
+    return payload
+
+
+def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved: dict, payload: dict) -> Path:
+    """Writes a computed payload as the run's folder (atomically) and returns its path."""
+    checks = payload["checks"]
+    n_pass = sum(c["passed"] for c in checks)
+    status = payload["status"]
+    log = [f"iclab {__version__} run of {exp_id} (preset {preset}), config hash {digest}",
+           f"stored {time.strftime('%Y-%m-%d %H:%M:%S')}, computed on {payload.get('host', '?')}"]
+    log += [f"resumed: {note}" for note in payload.get("resumed", [])]
+    log += [f"wall time {payload['wall_s']:.2f} s"]
+    if status == "diverged":
+        log += [f"DIVERGED: {payload['diverged']['message']}; the finite part of the trajectory is stored"]
+    log += [f"checks passed {n_pass}/{len(checks)}"]
+    log += [f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['name']}: measured {c['measured']!r}, "
+            f"expected {c['expected']!r} ({c['comparison']}, tol {c['tolerance']!r})" for c in checks]
+    metrics = {"experiment": exp_id, "preset": preset, "config_hash": digest, "version": __version__,
+               "status": status, "wall_s": payload["wall_s"],
+               "passed": status == "done" and n_pass == len(checks), "checks": checks}
+    if payload.get("diverged") is not None:
+        metrics["diverged"] = payload["diverged"]
+    if payload.get("resumed"):
+        metrics["resumed"] = payload["resumed"]
+    return store.write(exp_id, digest, {
+        "config.json": {"experiment": exp_id, "preset": preset, "config": resolved},
+        "trajectories.npz": payload["arrays"],
+        "figure.png": payload["figure_png"],
+        "figure.pdf": payload["figure_pdf"],
+        "log.txt": "\n".join(log) + "\n",
+        "metrics.json": metrics,
+    })
+
+
+def end_row(store: Store, row: int, payload: dict) -> None:
+    """Closes a run's index row from its payload: done or diverged, wall time, checks."""
+    checks = payload["checks"]
+    div = payload.get("diverged")
+    store.end(row, payload["status"], payload["wall_s"], sum(c["passed"] for c in checks), len(checks),
+              error=None if div is None else div["message"],
+              diverged_step=None if div is None else div["step"],
+              last_finite_loss=None if div is None else div["last_finite_loss"])
+
+
+def stored_result(exp_id: str, path: Path, resolved: dict, wall_s: float, reused: bool = True) -> RunResult:
+    """The RunResult of a stored run folder."""
+    metrics = json.loads((path / "metrics.json").read_text())
+    return RunResult(exp_id, path, resolved, metrics["checks"], reused, wall_s, metrics.get("status", "done"),
+                     metrics.get("diverged"), metrics.get("resumed", []))
+
+
 def run_experiment(
     exp_id: str,
     preset: str = "quick",
@@ -137,47 +295,98 @@ def run_experiment(
     root: str | Path | None = None,
     force: bool = False,
     reporter: Reporter | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_seconds: float | None = None,
+    on_wait=None,
 ) -> RunResult:
-    """Runs (or reuses) one experiment and stores it; see the module docstring."""
+    """Runs (or reuses) one experiment and stores it; see the module docstring.
+
+    Args:
+        checkpoint_every, checkpoint_seconds: checkpoint interval (chunks, seconds); defaults from
+            ``ICLAB_CHECKPOINT_EVERY`` / ``ICLAB_CHECKPOINT_SECONDS``; 0 chunks turns them off.
+        on_wait: called (no arguments) if another process is computing this run and we wait for it.
+    """
     exp, config = resolve_config(exp_id, preset, overrides, seeds)
+    every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     resolved = config.model_dump(mode="json")
     digest = config_hash(exp.id, resolved)
     store = Store(root)
     start = time.perf_counter()
     existing = store.finished(exp.id, digest)
     if existing is not None and not force:
-        metrics = json.loads((existing / "metrics.json").read_text())
-        return RunResult(exp.id, existing, resolved, metrics["checks"], True, time.perf_counter() - start)
+        return stored_result(exp.id, existing, resolved, time.perf_counter() - start)
 
-    row = store.begin(exp.id, digest, preset)
-    log = [f"iclab {__version__} run of {exp.id} (preset {preset}), config hash {digest}",
-           f"started {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    lock = store.lock(exp.id, digest)
+    if not lock.acquire(blocking=False):
+        if on_wait is not None:
+            on_wait()
+        lock.acquire()
     try:
-        arrays = exp.run(config, reporter or Reporter())
-        arrays = {k: np.asarray(v) for k, v in arrays.items()}
-        checks: list[Check] = exp.checks(config, arrays)
-        fig = exp.plot(config, arrays)
-        wall = time.perf_counter() - start
-        check_dicts = [c.as_dict() for c in checks]
-        n_pass = sum(c["passed"] for c in check_dicts)
-        log += [f"wall time {wall:.2f} s", f"checks passed {n_pass}/{len(check_dicts)}"]
-        log += [f"  [{'PASS' if c['passed'] else 'FAIL'}] {c['name']}: measured {c['measured']!r}, "
-                f"expected {c['expected']!r} ({c['comparison']}, tol {c['tolerance']!r})" for c in check_dicts]
-        metrics = {"experiment": exp.id, "preset": preset, "config_hash": digest, "version": __version__,
-                   "wall_s": wall, "passed": n_pass == len(check_dicts), "checks": check_dicts}
-        path = store.write(exp.id, digest, {
-            "config.json": {"experiment": exp.id, "preset": preset, "config": resolved},
-            "trajectories.npz": arrays,
-            "figure.png": lambda p: fig.savefig(p, dpi=130),
-            "figure.pdf": lambda p: fig.savefig(p),
-            "log.txt": "\n".join(log) + "\n",
-            "metrics.json": metrics,
-        })
-        import matplotlib.pyplot as plt
+        existing = store.finished(exp.id, digest)
+        if existing is not None and not force:  # computed by the process we waited for
+            return stored_result(exp.id, existing, resolved, time.perf_counter() - start)
+        store.mark_interrupted(exp.id, digest)
+        running = store.running_dir(exp.id, digest)
+        if force:
+            shutil.rmtree(running, ignore_errors=True)
+        row = store.begin(exp.id, digest, preset, resolved)
+        try:
+            payload = compute(exp, config, running_dir=running, checkpoint_every=every, checkpoint_seconds=seconds,
+                              reporter=reporter)
+            path = store_payload(store, exp.id, digest, preset, resolved, payload)
+        except BaseException as err:
+            status = "interrupted" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "failed"
+            store.end(row, status, time.perf_counter() - start, error=f"{type(err).__name__}: {err}")
+            raise
+        end_row(store, row, payload)
+        shutil.rmtree(running, ignore_errors=True)
+    finally:
+        lock.release()
+    return RunResult(exp.id, path, resolved, payload["checks"], False, payload["wall_s"], payload["status"],
+                     payload["diverged"], payload["resumed"])
 
+
+def _figure_bytes(fig) -> tuple[bytes, bytes]:
+    import matplotlib.pyplot as plt
+
+    png, pdf = io.BytesIO(), io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=130)
+        fig.savefig(pdf, format="pdf")
+    finally:
         plt.close(fig)
-    except BaseException as err:
-        store.end(row, "failed", time.perf_counter() - start, error=f"{type(err).__name__}: {err}")
-        raise
-    store.end(row, "done", wall, n_pass, len(check_dicts))
-    return RunResult(exp.id, path, resolved, check_dicts, False, wall)
+    return png.getvalue(), pdf.getvalue()
+
+
+def _flat_arrays(tree) -> dict[str, np.ndarray]:
+    """A pytree of arrays as flat npz entries ("params['W']" style keys for nested leaves)."""
+    import jax
+
+    out = {}
+    for key, value in dict(tree).items():
+        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        if len(leaves) == 1 and not leaves[0][0]:
+            out[key] = np.asarray(value)
+        else:
+            for path, leaf in leaves:
+                out[f"{key}{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
+    return out
+
+
+def _diverged_figure(exp_id: str, arrays: dict, message: str):
+    """The finite part of a diverged run's loss, on a log scale."""
+    from iclab.experiments._plot import COLORS, figure
+
+    fig, axes = figure(width=6.0)
+    ax = axes[0, 0]
+    loss = np.asarray(arrays.get("loss", np.zeros(0)))
+    loss = loss.reshape(-1, loss.shape[-1]) if loss.ndim else loss.reshape(1, 1)
+    use_step = "step" in arrays and np.all(np.isfinite(arrays["step"]))
+    x = arrays["step"] if use_step else arrays.get("t", np.arange(loss.shape[-1]))
+    with np.errstate(divide="ignore"):
+        for curve in loss:  # log10 on a linear axis: near-overflow values break a log axis's margins
+            ax.plot(x, np.log10(np.abs(curve)), color=COLORS[3], lw=1.2)
+    ax.set_xlabel("step" if use_step else "t")
+    ax.set_ylabel("log₁₀ |loss| (finite part)")
+    ax.set_title(f"{exp_id} diverged: {message}", fontsize=7)
+    return fig

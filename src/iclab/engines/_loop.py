@@ -1,8 +1,18 @@
 """The shared training loop: jit + lax.scan in chunks, observing every ``record_every`` steps.
 
 The loop itself never syncs with the host inside a chunk; between chunks the host receives the
-latest observation for a progress bar (and, later, checkpoints). Chunking changes nothing in the
-arithmetic: the trajectory is the same for any chunk size.
+latest observation for a progress bar, and, when the callback carries them (runs launched by
+:mod:`iclab.launch`):
+
+- a checkpoint handle (``callback.checkpoint``, :mod:`iclab.checkpoint`): the loop saves its
+  state, the records so far and the next record index at chunk boundaries, and resumes from a
+  saved checkpoint of the same loop, on the same chunk boundaries, so that a resumed run equals
+  an uninterrupted one bit for bit;
+- ``callback.stop_on_divergence``: a NaN or infinite recorded loss stops the loop with
+  :class:`Diverged`, which carries the step, the last finite loss and the finite part of the
+  trajectory.
+
+Chunking changes nothing in the arithmetic: the trajectory is the same for any chunk size.
 """
 
 from __future__ import annotations
@@ -14,6 +24,31 @@ import jax.numpy as jnp
 import numpy as np
 
 Callback = Callable[[int, dict], None]
+
+
+class Diverged(Exception):
+    """The recorded loss became NaN or infinite: the run stops, keeping its finite part.
+
+    Attributes:
+        label: the reporter task the loop ran in (or None).
+        step: the first recorded step whose loss is not finite (None for gradient flow).
+        t: the time of that record.
+        last_finite_step, last_finite_t: the record before it (None if the first record diverged).
+        last_finite_loss: the loss there, of the first seed that diverged.
+        records: the finite part of the trajectory: "step" and every recorded observation, seed
+            axis first when batched.
+    """
+
+    def __init__(self, label, step, t, last_finite_step, last_finite_t, last_finite_loss, records):
+        self.label, self.step, self.t = label, step, t
+        self.last_finite_step, self.last_finite_t, self.last_finite_loss = last_finite_step, last_finite_t, last_finite_loss
+        self.records = records
+        where = f"step {step}" if step is not None else f"t = {t:.6g}"
+        last = ("the first record" if last_finite_loss is None else
+                f"last finite loss {last_finite_loss:.6g} at " +
+                (f"step {last_finite_step}" if last_finite_step is not None else f"t = {last_finite_t:.6g}"))
+        task = f" in {label!r}" if label else ""
+        super().__init__(f"loss not finite at {where}{task} ({last})")
 
 
 class Trajectory(NamedTuple):
@@ -64,6 +99,7 @@ def run_loop(
     batched: bool = False,
     callback: Callback | None = None,
     records_per_chunk: int = 64,
+    unroll: int = 1,
 ):
     """Runs ``step_fn`` n_steps times and returns (records, final state).
 
@@ -76,6 +112,9 @@ def run_loop(
         batched: vmap step and observe over a leading seed axis.
         callback: called on the host after each chunk with (step, last observation).
         records_per_chunk: records computed per jitted call.
+        unroll: steps per iteration of the compiled step loop. When a step is only a few µs of
+            arithmetic (the moments engine), the loop's own per-iteration cost dominates, and
+            unrolling removes most of it; the arithmetic of each step is the same.
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).
     """
@@ -85,7 +124,7 @@ def run_loop(
     gaps = np.diff(steps)
 
     def advance(state, n):
-        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state)
+        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state, unroll=max(1, min(unroll, n)))
 
     @jax.jit
     def chunk_equal(state, n_records_dummy):
@@ -95,13 +134,27 @@ def run_loop(
 
         return jax.lax.scan(body, state, None, length=n_records_dummy.shape[0])
 
+    ckpt = loop_checkpoint(callback)
+    guard = DivergenceGuard(callback, batched, record_axis=0)
     first = jax.jit(observe)(state)
     records = [jax.tree_util.tree_map(lambda a: np.asarray(a)[None], first)]
-    if callback is not None:
-        callback(0, jax.tree_util.tree_map(np.asarray, first))
-    done = 0
     n_full = int(np.sum(gaps == record_every))
-    while done < n_full:
+    expect = {"kind": "run_loop", "n_steps": int(n_steps), "record_every": int(record_every),
+              "batched": bool(batched), "records_per_chunk": int(records_per_chunk)}
+    done, finished = 0, False
+    if ckpt is not None:
+        restored = ckpt.load(expect, _dynamic(state), records[0])
+        if restored is not None:
+            meta, dynamic, saved = restored
+            state = _with_aux(dynamic, state)
+            records, done, finished = [saved], int(meta["done"]), bool(meta["finished"])
+            ckpt.note(f"resumed at step {int(steps[len(_first_leaf(saved)) - 1])} of {n_steps}"
+                      + (" (finished)" if finished else ""))
+    if callback is not None:
+        last = jax.tree_util.tree_map(lambda a: np.asarray(a)[-1], records[-1])
+        callback(int(steps[len(_first_leaf(records[0])) - 1]), last)
+    guard.check(records, steps)
+    while done < n_full and not finished:
         n = min(records_per_chunk, n_full - done)
         state, obs = chunk_equal(state, jnp.zeros(n))
         obs = jax.tree_util.tree_map(np.asarray, obs)
@@ -109,13 +162,94 @@ def run_loop(
         done += n
         if callback is not None:
             callback(int(steps[done]), jax.tree_util.tree_map(lambda a: a[-1], obs))
-    if len(gaps) > n_full:  # a shorter last gap so that the final step is recorded
+        guard.check(records, steps)
+        if ckpt is not None and ckpt.due():
+            records = [_concat(records)]
+            ckpt.save(dict(expect, done=done, finished=False), _dynamic(state), records[0])
+    if len(gaps) > n_full and not finished:  # a shorter last gap so that the final step is recorded
         state = jax.jit(advance, static_argnums=1)(state, int(gaps[-1]))
         last = jax.jit(observe)(state)
         records.append(jax.tree_util.tree_map(lambda a: np.asarray(a)[None], last))
         if callback is not None:
             callback(n_steps, jax.tree_util.tree_map(np.asarray, last))
-    obs = jax.tree_util.tree_map(lambda *a: np.concatenate(a, axis=0), *records)
+        guard.check(records, steps)
+    obs = _concat(records)
+    if ckpt is not None and not finished:
+        ckpt.save(dict(expect, done=done, finished=True), _dynamic(state), obs)
     if batched:  # put the seed axis first: (S, T)
         obs = jax.tree_util.tree_map(lambda a: np.moveaxis(a, 0, 1), obs)
     return steps, obs, state
+
+
+def loop_checkpoint(callback):
+    """The checkpoint of the next loop of a task callback (None without checkpoints)."""
+    handle = getattr(callback, "checkpoint", None)
+    return handle.loop() if handle is not None else None
+
+
+class DivergenceGuard:
+    """Raises :class:`Diverged` once the recorded ``loss`` has a non-finite value (when the
+    callback asks for it). Records are checked as they arrive, each value once."""
+
+    def __init__(self, callback, batched: bool, record_axis: int):
+        self.active = bool(getattr(callback, "stop_on_divergence", False))
+        self.label = getattr(callback, "label", None)
+        self.batched = batched
+        self.axis = record_axis  # the record axis of the arrays in the records list
+        self.checked = 0
+
+    def check(self, records: list, steps: np.ndarray | None, times: np.ndarray | None = None) -> None:
+        if not self.active:
+            return
+        losses = [np.asarray(r["loss"]) for r in records if isinstance(r, dict) and "loss" in r]
+        if len(losses) != len(records):
+            self.active = False  # nothing named "loss" to watch
+            return
+        loss = np.concatenate(losses, axis=self.axis)
+        loss = np.moveaxis(loss, self.axis, 0).reshape(loss.shape[self.axis], -1)
+        ok = np.isfinite(loss).all(axis=1)
+        if ok[self.checked:].all():
+            self.checked = len(ok)
+            return
+        bad = self.checked + int(np.argmin(ok[self.checked:]))
+        obs = _concat(records, self.axis)
+        t_all = np.asarray(obs["t"]) if "t" in obs else times
+        if t_all is not None and np.ndim(t_all) > 1:  # batched: every seed shares t
+            t_all = np.moveaxis(t_all, self.axis, 0)[:, 0]
+        partial = jax.tree_util.tree_map(lambda a: np.take(a, np.arange(bad), axis=self.axis), obs)
+        if self.batched and self.axis == 0:
+            partial = jax.tree_util.tree_map(lambda a: np.moveaxis(a, 0, 1), partial)
+        partial = dict(partial)
+        if steps is not None:
+            partial["step"] = np.asarray(steps[:bad], dtype=float)
+        if times is not None and "t" not in partial:
+            partial["t"] = np.asarray(times[:bad])
+        seed = int(np.argmin(np.isfinite(loss[bad])))  # the first value that diverged
+        last_loss = float(loss[bad - 1, seed]) if bad > 0 else None
+
+        def at(i, arr):
+            return None if arr is None or i < 0 else float(arr[i])
+
+        raise Diverged(self.label, None if steps is None else int(steps[bad]), at(bad, t_all),
+                       None if steps is None or bad == 0 else int(steps[bad - 1]), at(bad - 1, t_all),
+                       last_loss, partial)
+
+
+def _concat(records: list, axis: int = 0):
+    if len(records) == 1:
+        return records[0]
+    return jax.tree_util.tree_map(lambda *a: np.concatenate(a, axis=axis), *records)
+
+
+def _first_leaf(tree):
+    return jax.tree_util.tree_leaves(tree)[0]
+
+
+def _dynamic(state):
+    """What a checkpoint saves of a loop state: everything but ``aux`` (constants the experiment
+    rebuilds identically on a rerun)."""
+    return state._replace(aux=None) if isinstance(state, LoopState) else state
+
+
+def _with_aux(dynamic, state):
+    return dynamic._replace(aux=state.aux) if isinstance(state, LoopState) else dynamic

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from iclab.engines._descent import descend
-from iclab.engines._loop import Callback, Trajectory
+from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, _concat, loop_checkpoint
 
 
 def gradient_descent(loss_fn: Callable[[Any, Any], jax.Array], params0, aux=None, **options) -> Trajectory:
@@ -64,6 +63,8 @@ def gradient_flow(
         raise ValueError(f"t_max must be > 0 (got {t_max})")
     ts = np.linspace(0.0, t_max, n_records) if ts is None else np.asarray(ts, dtype=float)
     metrics = metrics or {}
+    import diffrax  # here, not at module level: importing diffrax costs ~1 s that a reused run never needs
+
     term = diffrax.ODETerm(lambda t, y, args: jax.tree_util.tree_map(jnp.negative, jax.grad(loss_fn)(y, args)))
     solver = diffrax.Dopri8()
     controller = diffrax.PIDController(rtol=rtol, atol=atol)
@@ -92,12 +93,26 @@ def gradient_flow(
 
     seg = jax.jit(jax.vmap(segment, in_axes=(0, 0, None)) if batched else segment)
     first = jax.jit(jax.vmap(observe) if batched else observe)(params0, aux)
-    records = [jax.tree_util.tree_map(lambda a: np.expand_dims(np.asarray(a), 1 if batched else 0), first)]
+    axis = 1 if batched else 0
+    records = [jax.tree_util.tree_map(lambda a: np.expand_dims(np.asarray(a), axis), first)]
     params = params0
     # Segments of equal numbers of record times keep one compiled solve and let the host
-    # report progress between them.
+    # report progress (and save checkpoints, and watch for divergence) between them.
     chunk = 16
     idx = 1
+    ckpt = loop_checkpoint(callback)
+    guard = DivergenceGuard(callback, batched, record_axis=axis)
+    expect = {"kind": "gradient_flow", "ts": _digest(ts), "batched": bool(batched), "chunk": chunk,
+              "rtol": rtol, "atol": atol, "max_steps": int(max_steps)}
+    if ckpt is not None:
+        restored = ckpt.load(expect, params0, records[0])
+        if restored is not None:
+            meta, params, saved = restored
+            records, idx = [saved], int(meta["idx"])
+            ckpt.note(f"resumed at t = {ts[idx - 1]:.6g} of {ts[-1]:.6g}")
+            if callback is not None:
+                callback(idx - 1, jax.tree_util.tree_map(lambda a: np.asarray(a)[..., -1], saved))
+    guard.check(records, None, ts)
     while idx < len(ts):
         times = ts[idx - 1 : idx + chunk]
         params, obs = seg(params, aux, jnp.asarray(times))
@@ -105,8 +120,17 @@ def gradient_flow(
         idx += len(times) - 1
         if callback is not None:
             callback(idx - 1, jax.tree_util.tree_map(lambda a: np.asarray(a)[..., -1], obs))
-    axis = 1 if batched else 0
-    obs = jax.tree_util.tree_map(lambda *a: np.concatenate(a, axis=axis), *records)
+        guard.check(records, None, ts)
+        if ckpt is not None and (ckpt.due() or idx >= len(ts)):
+            records = [_concat(records, axis)]
+            ckpt.save(dict(expect, idx=idx), params, records[0])
+    obs = _concat(records, axis)
     loss = obs.pop("loss")
     params_rec = obs.pop("params", None)
     return Trajectory(step=np.full(len(ts), np.nan), t=ts, loss=loss, metrics=obs, params=params_rec)
+
+
+def _digest(a: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(a, dtype=np.float64).tobytes()).hexdigest()[:16]

@@ -83,6 +83,8 @@ class Experiment:
         run, checks, plot: see the module docstring.
         notes: our choices, errata and unspecified settings that apply (shown by ``iclab show``).
         runtime: measured runtime per preset on the 2-core reference machine.
+        grid: the figure's own sweep, field -> values, run by ``iclab sweep EXP`` when no
+            ``--grid`` is given (optional).
     """
 
     id: str
@@ -96,6 +98,7 @@ class Experiment:
     plot: Callable
     notes: list[str] = field(default_factory=list)
     runtime: dict[str, str] = field(default_factory=dict)
+    grid: dict[str, list] | None = None
 
     def resolve(self, preset: str, overrides: dict | None = None) -> ExperimentConfig:
         """The config of a preset with field overrides applied (validated)."""
@@ -114,6 +117,10 @@ def register(experiment: Experiment) -> Experiment:
     for required in ("quick", "paper"):
         if required not in experiment.presets:
             raise ValueError(f"experiment {experiment.id} lacks the {required!r} preset")
+    for key, values in (experiment.grid or {}).items():
+        if key not in experiment.config.model_fields or not isinstance(values, list) or not values:
+            raise ValueError(f"experiment {experiment.id}: grid entry {key!r} must name a config field "
+                             "and give a non-empty list of values")
     _REGISTRY[experiment.id] = experiment
     return experiment
 

@@ -1,0 +1,114 @@
+"""One table of configs and metrics across the stored runs of an experiment (``iclab export``).
+
+A row per stored run folder (``done`` or ``diverged``), plus a row per config whose latest
+attempt ``failed`` and that has no folder. Columns: experiment, preset, config_hash, status,
+passed, checks_passed, checks_total, diverged_step, last_finite_loss, error, then one column per
+config field (``config.<name>``; lists as JSON) and one per check (``check.<name>``: the measured
+value). Rows are sorted by config values, so the same set of runs always gives the same file.
+Wall times are left out for the same reason (they live in the index: ``iclab runs``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+
+from iclab.store import Store
+
+FORMATS = ("csv", "parquet")
+FIXED = ["experiment", "preset", "config_hash", "status", "passed", "checks_passed", "checks_total",
+         "diverged_step", "last_finite_loss", "error"]
+
+
+def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[str] | None = None) -> tuple[list[str], list[dict]]:
+    """(columns, rows) of every stored run of ``exp_id`` under ``root``."""
+    store = Store(root)
+    pattern = re.compile(rf"^{re.escape(exp_id)}-([0-9a-f]{{16}})$")
+    rows, configs = [], []
+    if store.root.is_dir():
+        for path in sorted(store.root.iterdir()):
+            m = pattern.match(path.name)
+            if not m or not (path / "metrics.json").is_file():
+                continue
+            metrics = json.loads((path / "metrics.json").read_text())
+            cfg = json.loads((path / "config.json").read_text())
+            checks = metrics.get("checks", [])
+            div = metrics.get("diverged") or {}
+            row = {"experiment": exp_id, "preset": cfg.get("preset"), "config_hash": m.group(1),
+                   "status": metrics.get("status", "done"), "passed": bool(metrics.get("passed")),
+                   "checks_passed": sum(bool(c["passed"]) for c in checks), "checks_total": len(checks),
+                   "diverged_step": div.get("step"), "last_finite_loss": div.get("last_finite_loss"),
+                   "error": div.get("message")}
+            row.update({f"check.{c['name']}": c["measured"] for c in checks})
+            rows.append(row)
+            configs.append(cfg.get("config", {}))
+    stored = {r["config_hash"] for r in rows}
+    latest: dict[str, dict] = {}
+    for r in store.rows(experiment=exp_id):  # newest first
+        latest.setdefault(r["config_hash"], r)
+    for digest, r in sorted(latest.items()):
+        if r["status"] == "failed" and digest not in stored and r.get("config"):
+            rows.append({"experiment": exp_id, "preset": r["preset"], "config_hash": digest, "status": "failed",
+                         "passed": False, "checks_passed": None, "checks_total": None, "diverged_step": None,
+                         "last_finite_loss": None, "error": r["error"]})
+            configs.append(json.loads(r["config"]))
+    names = list(field_order or [])
+    for cfg in configs:
+        names += [k for k in sorted(cfg) if k not in names]
+    for row, cfg in zip(rows, configs):
+        for k in names:
+            v = cfg.get(k)
+            row[f"config.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
+    order = sorted(range(len(rows)), key=lambda i: (tuple(_sort_key(configs[i].get(k)) for k in names),
+                                                    str(rows[i]["preset"]), rows[i]["config_hash"]))
+    rows = [rows[i] for i in order]
+    check_cols = []
+    for row in rows:
+        check_cols += [k for k in row if k.startswith("check.") and k not in check_cols]
+    columns = FIXED + [f"config.{k}" for k in names] + check_cols
+    return columns, [{c: row.get(c) for c in columns} for row in rows]
+
+
+def _sort_key(v):
+    if isinstance(v, bool) or v is None:
+        return (0, str(v), 0.0)
+    if isinstance(v, (int, float)):
+        return (1, "", float(v))
+    return (2, json.dumps(v, sort_keys=True), 0.0)
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return repr(v)
+        return str(v)
+
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for row in rows:
+            w.writerow([cell(row[c]) for c in columns])
+    os.replace(tmp, path)
+
+
+def write_parquet(path: Path, columns: list[str], rows: list[dict]) -> None:
+    """Parquet through pyarrow (ImportError if it is missing)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def column(values):
+        try:
+            return pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):  # mixed types: keep them as JSON text
+            return pa.array([None if v is None else json.dumps(v) for v in values])
+
+    table = pa.table({c: column([row[c] for row in rows]) for c in columns})
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
