@@ -647,3 +647,41 @@ def test_gla_optimum_beats_lms_and_rls():
     gla = np.array([dr.optimal_forget_factor(g, Lam=I10, **PAPER)[1] for g in gam])
     assert np.all(gla < 0.95 * np.minimum(lms, rls))
     assert np.all(gla < np.minimum(dr.PAPER_LMS_RLS["lms"], dr.PAPER_LMS_RLS["rls"]))
+
+
+def test_reduced_loss_jax_matches_numpy_and_its_gradient_is_the_flow():
+    """The traceable eq 42 equals ``reduced_loss``; its negative gradient is Lemma 3's field."""
+    rng = np.random.default_rng(12)
+    D1, _, _, _, Lt = _setup(0.8, Lam=LAM3, **TRAIN)
+    U, u = rng.standard_normal((3, 3)), 0.6
+    assert float(dr.reduced_loss_jax(jnp.asarray(U), u, D1, Lt, LAM3)) == pytest.approx(
+        dr.reduced_loss(U, u, D1, Lt, LAM3), rel=1e-13)
+    gU, gu = jax.grad(dr.reduced_loss_jax, argnums=(0, 1))(jnp.asarray(U), u, D1, Lt, LAM3)
+    dU, du = dr.gradient_flow_field(U, u, D1, Lt, LAM3)
+    np.testing.assert_allclose(-np.asarray(gU), dU, rtol=1e-12, atol=1e-13)
+    assert -float(gu) == pytest.approx(du, rel=1e-12)
+
+
+def test_restricted_error_matches_monte_carlo_and_theorems():
+    """``restricted_error`` of arbitrary (U11, u) on a shifted setting vs Monte Carlo (5 SE); at
+    Theorem 1's weights it is Theorem 2 (training setting) and Theorem 3 (shifted setting)."""
+    lam, lam_bar = 0.8, 0.7
+    shift = dict(gamma=0.95, sigma_w2=0.6, sigma_e2=0.03, n=9)
+    D1, _, _, D4, Lt = _setup(lam, Lam=LAM3, **TRAIN)
+    U11 = 0.3 * np.random.default_rng(40).standard_normal((3, 3)) + np.linalg.inv(Lt) * D1
+    u = 1.3
+    U = np.zeros((4, 4))
+    U[:3, :3], U[3, 3] = U11, u
+    N = 200_000
+    mc, se = _mc(41, U, lam_bar, shift["gamma"], shift["sigma_w2"], shift["sigma_e2"], shift["n"], LAM3, N)
+    exact = dr.restricted_error(U11, u, lam_bar, Lam=LAM3, **shift)
+    assert abs(mc - exact) < 5 * se
+    assert se / mc < 0.01  # able to fail: a 5 % error is many SE away
+    # batched weights, and the two theorems at the optimum
+    U_opt, u_opt = dr.optimal_restricted(D1, Lt)
+    both = dr.restricted_error(np.stack([U_opt, U11]), np.array([u_opt, u]), lam, Lam=LAM3, **TRAIN)
+    assert both[0] == pytest.approx(dr.train_error(lam, Lam=LAM3, **TRAIN), rel=1e-12)
+    assert both[1] == pytest.approx(2 * dr.population_loss(U11, u, D1, D4, Lt, LAM3), rel=1e-12)
+    test = dr.test_error(lam, Lam=LAM3, lam_bar=lam_bar, gamma_bar=shift["gamma"], sigma_w2_bar=shift["sigma_w2"],
+                         sigma_e2_bar=shift["sigma_e2"], m=shift["n"], **TRAIN)
+    assert dr.restricted_error(U_opt, u_opt, lam_bar, Lam=LAM3, **shift) == pytest.approx(test, rel=1e-12)

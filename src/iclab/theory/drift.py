@@ -428,6 +428,17 @@ def reduced_loss(U11, u_m1, D1, Lam_t, Lam):
     )
 
 
+def reduced_loss_jax(U11, u_m1, D1, Lam_t, Lam):
+    """``reduced_loss`` (eq 42) in jax.numpy: traceable and differentiable, for the population engine.
+
+    Args:
+        U11: (d, d); u_m1: scalar; D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ (jax or numpy arrays).
+    Returns:
+        scalar jax array.
+    """
+    return 0.5 * u_m1**2 * jnp.trace(Lam_t @ Lam @ U11 @ Lam @ U11.T) - D1 * u_m1 * jnp.trace(Lam @ Lam @ U11.T)
+
+
 def population_loss(U11, u_m1, D1, D4, Lam_t, Lam):
     """Population loss of eq 12, L = ½ E[(ŷ - y_{n+1})²], at u12 = u21 = 0: L̃ + ½ D4 tr Λ.
 
@@ -437,6 +448,36 @@ def population_loss(U11, u_m1, D1, D4, Lam_t, Lam):
         float.
     """
     return reduced_loss(U11, u_m1, D1, Lam_t, Lam) + 0.5 * D4 * float(np.trace(Lam))
+
+
+def restricted_error(U11, u_m1, lam, gamma, sigma_w2, sigma_e2, n, Lam):
+    """Exact error E[(ŷ - y_{n+1})²] of ANY restricted model ŷ = u_{-1} Gᵀ U11 x_{n+1} on prompts of a setting.
+
+    G = Σ_{i≤n} λ^{n+1-i} y_i x_i; from E[G Gᵀ] = Λ̃ Λ and E[G w_{n+1}ᵀ] = D1 Λ (Lemma 3) with the D's
+    and Λ̃ of the prompts' own setting (λ, γ, σ_w², σ_e², n),
+
+        E = u_{-1}² tr(Λ̃ Λ U11 Λ U11ᵀ) - 2 D1 u_{-1} tr(Λ² U11ᵀ) + D4 tr Λ = 2 L (eq 12, eq 42).
+
+    At the training setting this is twice ``population_loss``; at Theorem 1's weights it is Theorem 2
+    (training setting) or Theorem 3 (a test setting with λ̄, γ̄, σ̄_w², σ̄_e², m). It lets a trained
+    restricted model be evaluated without Monte Carlo.
+
+    Args:
+        U11: (..., d, d); u_m1: (...) (any leading shape, broadcast).
+        lam: forget factor used on these prompts (λ, or the test-time λ̄), scalar.
+        gamma, sigma_w2, sigma_e2, n: the prompts' task process and context length.
+        Lam: (d, d) input covariance.
+    Returns:
+        (...) array (a float for unbatched weights).
+    """
+    D1, D2, D3, D4 = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    Lam = np.asarray(Lam, dtype=float)
+    Lt = Lam_tilde(Lam, D2, D3)
+    U11, u = np.asarray(U11, dtype=float), np.asarray(u_m1, dtype=float)
+    quad = np.einsum("ij,...jk,kl,...il->...", Lt @ Lam, U11, Lam, U11)  # tr(Λ̃Λ U Λ Uᵀ)
+    lin = np.einsum("ij,...ij->...", Lam @ Lam, U11)
+    E = u**2 * quad - 2 * D1 * u * lin + D4 * np.trace(Lam)
+    return float(E) if E.ndim == 0 else E
 
 
 def min_reduced_loss(D1, Lam_t, Lam):

@@ -1,0 +1,203 @@
+"""drift LMS/RLS baseline (Sec 5): adaptive filters against GLA at its optimal forget factor λ*."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import model_validator
+
+from iclab.experiments._config import param
+from iclab.experiments._plot import COLORS, figure
+from iclab.experiments._registry import Experiment, check_at_most, check_equal, register
+from iclab.experiments.drift._common import (
+    PAPER,
+    PAPER_GAMMAS,
+    TrainConfig,
+    model_errors,
+    train_grid,
+)
+from iclab.tasks.drift import sample_drift_prompts
+from iclab.theory import drift as theory
+
+REL_TOL = 0.03  # trained GLA vs Theorem 2, as in drift.fig1
+# The paper's LMS/RLS protocol is partly unspecified (error definition, ŵ_0, P_0): the digest's own
+# simulation with the protocol used here differs from the reported numbers by up to 14 % (spec §5).
+PAPER_BASELINE_RTOL = 0.2
+
+
+class BaselinesConfig(TrainConfig):
+    gammas: list[float] = param(list(PAPER_GAMMAS), "AR(1) coefficients γ", paper=list(PAPER_GAMMAS))
+    lms_mu: float = param(0.01, "LMS step size μ", paper=0.01, gt=0, le=10)
+    rls_beta: float = param(0.98, "RLS forget factor β", paper=0.98, gt=0, le=1)
+    rls_delta: float = param(100.0, "RLS initial P_0 = δ I", paper=None, paper_note="unspecified", gt=0, le=1e12)
+    length: int = param(1000, "length of each filtered sequence", paper=1000, ge=2, le=1_000_000)
+    trials: int = param(10_000, "Monte-Carlo sequences per γ", paper=10_000, ge=1, le=10_000_000)
+    window: int = param(100, "the error is the a-priori squared error averaged over the last `window` steps (≤ length)",
+                        paper=None, paper_note="unspecified ('error near t = 1000'; spec §5)", ge=1, le=1_000_000)
+    chunk: int = param(2000, "sequences filtered at once (memory)", ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.window > self.length:
+            raise ValueError(f"window must be <= length (got {self.window} > {self.length})")
+        return self
+
+
+@functools.partial(jax.jit, static_argnames=("length", "chunk", "window"))
+def _chunk_errors(key, Lam, gamma, sigma_w2, sigma_e2, mu, beta, delta, *, length, chunk, window):
+    """Per-sequence a-priori errors of LMS and RLS, averaged over the last `window` steps: ((chunk,), (chunk,))."""
+    pr = sample_drift_prompts(key, Lam, length - 1, chunk, gamma, sigma_w2, sigma_e2)
+    lms = theory.lms_predictions(pr.x, pr.y, mu)
+    rls = theory.rls_predictions(pr.x, pr.y, beta, delta)
+    tail = slice(length - window, length)
+    return jnp.mean((lms - pr.y)[:, tail] ** 2, axis=-1), jnp.mean((rls - pr.y)[:, tail] ** 2, axis=-1)
+
+
+def _filter_errors(config: BaselinesConfig, gamma: float, key) -> dict:
+    """Mean a-priori error of LMS and RLS over the last `window` steps, and its standard error over trials."""
+    Lam = jnp.asarray(config.Lam())
+    per_trial = {"lms": [], "rls": []}
+    for c in range(-(-config.trials // config.chunk)):
+        lms, rls = _chunk_errors(jax.random.fold_in(key, c), Lam, gamma, config.sigma_w2, config.sigma_e2,
+                                 config.lms_mu, config.rls_beta, config.rls_delta, length=config.length,
+                                 chunk=config.chunk, window=config.window)
+        per_trial["lms"].append(np.asarray(lms))
+        per_trial["rls"].append(np.asarray(rls))
+    out = {}
+    for name, v in per_trial.items():
+        v = np.concatenate(v)[: config.trials]
+        out[name], out[f"{name}_se"] = v.mean(), v.std() / np.sqrt(v.size)
+    return out
+
+
+def run_baselines(config: BaselinesConfig, reporter) -> dict:
+    gam = np.asarray(config.gammas)
+    Lam, proc = config.Lam(), config.process()
+    opt = [theory.optimal_forget_factor(g, Lam=Lam, **proc) for g in gam]
+    lam_star = np.array([o[0] for o in opt])
+    out = {"gammas": gam, "lam_star": lam_star, "err_star": np.array([o[1] for o in opt]),
+           "err_la": np.array([theory.train_error(1.0, g, Lam=Lam, **proc) for g in gam])}
+
+    base = jax.random.fold_in(jax.random.PRNGKey(config.seed), 20_000)
+    filt = {k: np.zeros(gam.size) for k in ("lms", "lms_se", "rls", "rls_se")}
+    with reporter.task(f"LMS and RLS ({config.trials} sequences × {config.length} steps per γ)", gam.size) as cb:
+        for i, g in enumerate(gam):
+            e = _filter_errors(config, float(g), jax.random.fold_in(base, i))
+            for k in filt:
+                filt[k][i] = e[k]
+            cb(i + 1, {})
+    out.update(filt)
+
+    S = config.seeds
+    _, params = train_grid(config, gam, lam_star[:, None], reporter=reporter, label="GLA at λ* (one per γ)")
+    est = {k: np.zeros((S, gam.size)) for k in ("err", "err_se")}
+    for i, g in enumerate(gam):
+        for s in range(S):
+            p = jax.tree_util.tree_map(lambda a: a[s, i], params)
+            e = model_errors(config, p, lam_star[i : i + 1], g, lam_star[i : i + 1], out["err_star"][i : i + 1],
+                             jax.random.fold_in(base, 100 + i))
+            est["err"][s, i], est["err_se"][s, i] = e["err"][0], e["err_se"][0]
+    out.update({f"gla_{k}": v for k, v in est.items()})
+    out["paper_lms"] = np.array([dict(zip(theory.PAPER_LMS_RLS["gamma"], theory.PAPER_LMS_RLS["lms"])).get(float(g), np.nan)
+                                 for g in gam])
+    out["paper_rls"] = np.array([dict(zip(theory.PAPER_LMS_RLS["gamma"], theory.PAPER_LMS_RLS["rls"])).get(float(g), np.nan)
+                                 for g in gam])
+    return out
+
+
+def _paper_protocol(config: BaselinesConfig) -> bool:
+    return ((config.d, config.sigma_w2, config.sigma_e2, config.eigenvalues, config.lms_mu, config.rls_beta, config.length)
+            == (10, 1.0, 0.01, None, 0.01, 0.98, 1000))
+
+
+def checks_baselines(config: BaselinesConfig, r: dict) -> list:
+    gam = r["gammas"]
+    gla = r["gla_err"]
+    rel = np.abs(gla / r["err_star"][None] - 1)
+    best = np.minimum(r["lms"], r["rls"])
+    # one-sided comparison at 3 standard errors of both estimates
+    margin = 3 * np.sqrt(r["gla_err_se"] ** 2 + np.where(r["lms"] < r["rls"], r["lms_se"], r["rls_se"])[None] ** 2)
+    ratio = (gla + margin) / best[None]
+    i = np.unravel_index(np.argmax(ratio), ratio.shape)
+    out = [
+        check_at_most("trained GLA(λ*) = Theorem 2 err(λ*) (worst γ, seed; relative gap)", rel.max(), REL_TOL,
+                      "trained error: exact for restricted weights, else estimated beside the eq-15 optimum (drift.fig1)"),
+        check_at_most(f"GLA(λ*) below LMS and RLS at every γ: worst (GLA + 3 SE)/min(LMS, RLS) (γ = {gam[i[1]]})",
+                      ratio.max(), 1.0, "the paper's claim; simulated filters with our protocol"),
+        check_equal("GLA(λ*) below both filters, count of γ (worst seed)", int(np.min(np.sum(gla < best[None], axis=-1))),
+                    len(gam)),
+    ]
+    if _paper_protocol(config) and np.all(np.isfinite(r["paper_lms"])):
+        out.append(check_at_most("GLA(λ*) below the paper's reported LMS and RLS (worst GLA/min(reported))",
+                                 float(np.max(gla / np.minimum(r["paper_lms"], r["paper_rls"])[None])), 1.0))
+        for name in ("lms", "rls"):
+            dev = np.abs(r[name] / r[f"paper_{name}"] - 1)
+            j = int(np.argmax(dev))
+            out.append(check_at_most(f"simulated {name.upper()} ≈ paper's reported value (worst relative gap, γ = {gam[j]})",
+                                     dev.max(), PAPER_BASELINE_RTOL,
+                                     "error definition, ŵ_0 and P_0 unspecified by the paper; the digest's simulation "
+                                     "with this protocol (a-priori error over the last 100 steps, ŵ_0 = 0, P_0 = 100 I) is "
+                                     "within 14 % of the reported numbers"))
+    return out
+
+
+def plot_baselines(config: BaselinesConfig, r: dict):
+    gam = r["gammas"]
+    fig, axes = figure(ncols=2, width=5.2, height=3.8)
+    ax = axes[0, 0]
+    ax.errorbar(gam, r["lms"], yerr=r["lms_se"], fmt="-o", color=COLORS[1], ms=4, label=f"LMS (μ = {config.lms_mu:g}), simulated")
+    ax.errorbar(gam, r["rls"], yerr=r["rls_se"], fmt="-s", color=COLORS[2], ms=4, label=f"RLS (β = {config.rls_beta:g}), simulated")
+    if np.all(np.isfinite(r["paper_lms"])):
+        ax.plot(gam, r["paper_lms"], "o", mfc="none", color=COLORS[1], ms=8, label="LMS, paper")
+        ax.plot(gam, r["paper_rls"], "s", mfc="none", color=COLORS[2], ms=8, label="RLS, paper")
+    ax.plot(gam, r["gla_err"].mean(0), "-*", color=COLORS[0], ms=10, label="GLA(λ*), trained")
+    ax.plot(gam, r["err_star"], "--", color=COLORS[0], lw=1.0, label="GLA(λ*), Theorem 2")
+    ax.plot(gam, r["err_la"], ":", color=COLORS[3], lw=1.2, label="LA (λ = 1), Theorem 2")
+    ax.set_xlabel("AR(1) coefficient γ")
+    ax.set_ylabel("error E(ŷ − y)²")
+    ax.set_title(f"filters over {config.length} steps vs GLA with n = {config.n} context pairs", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[0, 1]
+    best = np.minimum(r["lms"], r["rls"])
+    ax.plot(gam, r["gla_err"].mean(0) / best, "-*", color=COLORS[0], ms=10, label="GLA(λ*) / min(LMS, RLS)")
+    ax.plot(gam, r["err_la"] / best, ":", color=COLORS[3], label="LA (Thm 2) / min(LMS, RLS)")
+    ax.axhline(1.0, color="0.35", lw=0.8)
+    ax.set_xlabel("AR(1) coefficient γ")
+    ax.set_ylabel("error relative to the better filter")
+    ax.set_title("below 1: better than both filters", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"drift Sec 5 baseline: LMS / RLS vs GLA at λ* (d = {config.d}, σ_w² = {config.sigma_w2:g}, "
+                 f"σ_e² = {config.sigma_e2:g})", fontsize=10)
+    return fig
+
+
+register(
+    Experiment(
+        id="drift.baselines",
+        title="GLA at λ* beats the LMS and RLS adaptive filters at every drift rate",
+        paper=PAPER,
+        reference="Sec 5, LMS/RLS comparison (reported numbers in the text); Theorem 2",
+        config=BaselinesConfig,
+        presets={
+            "quick": {"trials": 500, "chunk": 500, "batch": 250, "steps": 200, "lr_schedule": "cosine",
+                      "parametrisation": "restricted", "init_std": 0.03, "n_eval": 3000},
+            "paper": {},
+        },
+        run=run_baselines,
+        checks=checks_baselines,
+        plot=plot_baselines,
+        notes=[
+            "The filters run on sequences of 1000 steps of the same AR(1) process (w_0 ~ N(0, σ_w² I)); the error is the "
+            "a-priori squared error averaged over the last 100 steps, ŵ_0 = 0, RLS P_0 = 100 I (paper: unspecified).",
+            "GLA is trained at the continuous λ* of Theorem 2 (n = 100 context pairs), one model per γ, as in drift.fig1.",
+            "quick: restricted weights (init std 0.03), evaluated exactly (theory.drift.restricted_error), cosine lr, "
+            "200 × 250 prompts, 500 filtered sequences per γ (standard error of the filters' errors ≈ 1 %).",
+        ],
+        runtime={"quick": "70 s wall, 37 s CPU (measured on the 2-core machine under a concurrent load average of ~6)",
+                 "paper": "not run: 10,000 filtered sequences per γ and 2000 steps × 5000 prompts of qkv GLA, "
+                          "estimated 30-60 min on 2 cores"},
+    )
+)

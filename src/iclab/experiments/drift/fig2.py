@@ -1,0 +1,272 @@
+"""drift Fig 2: multi-layer GLA against λ at γ = 0.95 (deeper is no worse), and linear convergence
+(Adam on sampled prompts; gradient flow of the exact loss from Assumption 1 with the PL rate of Lemma 6)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import model_validator
+
+from iclab.engines import population
+from iclab.experiments._config import param
+from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
+from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments.drift._common import (
+    PAPER,
+    Group,
+    TrainConfig,
+    eval_prompts,
+    model_errors,
+    optimal_predictions,
+    train_groups,
+)
+from iclab.theory import drift as theory
+
+REL_TOL = 0.03  # as drift.fig1: trained vs theory, and "deeper no worse" than the 1-layer optimum
+_GRID_RTOL = 1e-9
+
+
+class Fig2Config(TrainConfig):
+    gamma: float = param(0.95, "AR(1) coefficient γ of every panel", paper=0.95, gt=0, le=1.5)
+    depths: list[int] = param([1, 2, 3], "numbers of layers L of the residual GLA (must include 1)",
+                              paper=None, paper_note="unspecified ('multi-layer GLA')")
+    lams: list[float] = param([0.8, 0.85, 0.9, 0.95, 1.0], "forget factors λ (shared by the layers) of panels (a-b)",
+                              paper=None, paper_note="unspecified")
+    test_m: int = param(50, "test prompt length m of panel (b) (test-time λ̄ = λ, γ̄ = γ)", paper=None,
+                        paper_note="unspecified", ge=1, le=10_000)
+    conv_lam: float = param(0.85, "λ (one of `lams`) of the depth convergence panel (d)", paper=0.85, gt=0, le=1.5)
+    n_record: int = param(2000, "fixed prompts on which the loss is recorded along training (panels c-d)",
+                          paper=None, paper_note="the paper plots the training loss", ge=10, le=1_000_000)
+    pl_sigma_frac: float = param(0.5, "Assumption-1 init scale σ as a fraction of the eq-49 bound", gt=0, lt=1)
+    pl_t_max: float = param(10.0, "gradient-flow horizon t of panel (e)", gt=0, le=1e7)
+    pl_records: int = param(201, "gradient-flow record times", ge=3, le=100_000)
+
+    @model_validator(mode="after")
+    def _grids(self):
+        if 1 not in self.depths or any(L < 1 for L in self.depths):
+            raise ValueError("depths must be >= 1 and include 1")
+        if not any(abs(v - self.conv_lam) < _GRID_RTOL for v in self.lams):
+            raise ValueError(f"lams must include conv_lam = {self.conv_lam}")
+        if any(not (0 < v <= 1.5) for v in self.lams):
+            raise ValueError("lams must lie in (0, 1.5]")
+        return self
+
+
+def _eval_key(config, j):
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(config.seed), 30_000), j)
+
+
+def _layers(L):
+    return None if L == 1 else L
+
+
+def run_fig2(config: Fig2Config, reporter) -> dict:
+    g = config.gamma
+    lams = np.asarray(config.lams)
+    depths = list(config.depths)
+    K, S = lams.size, config.seeds
+    Lam, proc = config.Lam(), config.process()
+    lam_star, err_star = theory.optimal_forget_factor(g, Lam=Lam, **proc)
+    out = {"lams": lams, "depths": np.asarray(depths), "lam_star": np.float64(lam_star), "err_star": np.float64(err_star)}
+    fine = np.linspace(min(0.5, lams.min()), max(1.0, lams.max()), 401)
+    out["lam_fine"] = fine
+    out["theory_train_fine"] = theory.train_error(fine, g, Lam=Lam, **proc)
+    out["theory_train"] = theory.train_error(lams, g, Lam=Lam, **proc)
+    out["theory_test_fine"] = np.array([theory.test_error(l, g, Lam=Lam, m=config.test_m, **proc) for l in fine])
+    out["theory_test"] = np.array([theory.test_error(l, g, Lam=Lam, m=config.test_m, **proc) for l in lams])
+
+    # training: every depth × λ, and one 1-layer model at λ*, on shared batches
+    groups = [Group(lams[None], _layers(L)) for L in depths] + [Group(np.array([[lam_star]]))]
+    Z_rec, y_rec = eval_prompts(config, _eval_key(config, 0), config.n_record, g)
+    tr, params = train_groups(config, np.array([g]), groups, eval_set=(Z_rec[None], y_rec[None]), reporter=reporter,
+                              label=f"GLA, depths {depths} × {K} λ + 1 layer at λ* ({S} seed{'s' * (S > 1)})")
+    out["rec_step"] = tr.step
+    # panels (c-d): MSE on fixed prompts along training, beside the eq-15 optimum's MSE on the same prompts
+    y_rec = np.asarray(y_rec)
+    out["rec_opt"] = np.array([np.mean((optimal_predictions(config, Z_rec, l, g, [l])[0] - y_rec) ** 2) for l in lams])
+    out["rec_opt_star"] = np.mean((optimal_predictions(config, Z_rec, lam_star, g, [lam_star])[0] - y_rec) ** 2)
+    out["rec_mse"] = np.stack([tr.metrics[f"eval_{j}"][:, :, 0, :] for j in range(len(depths))], axis=1)  # (S, L, T, K)
+    out["rec_mse_star"] = tr.metrics[f"eval_{len(depths)}"][:, :, 0, 0]  # (S, T)
+    if config.parametrisation == "restricted":
+        # exact population excess 2(L − L*) of the recorded weights (eq 42 / Corollary 1): noise-free
+        D1s, D2s, D3s, _ = theory.D_sums(lam_star, g, **proc)
+        Lts = theory.Lam_tilde(Lam, D2s, D3s)
+        rec = tr.params[-1]
+        U, u = np.asarray(rec["U11"])[:, :, 0, 0], np.asarray(rec["u_m1"])[:, :, 0, 0]
+        Lmin = theory.min_reduced_loss(D1s, Lts, Lam)
+        out["rec_exact_excess_star"] = np.array([[2 * (theory.reduced_loss(U[s, k], u[s, k], D1s, Lts, Lam) - Lmin)
+                                                  for k in range(U.shape[1])] for s in range(U.shape[0])])
+
+    # final errors: train (length n) and test (length m, λ̄ = λ): exact for one restricted layer, else
+    # estimated beside the 1-layer optimum on shared fresh prompts (``model_errors``)
+    for j, (name, m) in enumerate((("train", None), ("test", config.test_m))):
+        E = out[f"theory_{name}"]
+        est = {k: np.zeros((S, len(depths), K)) for k in ("err", "err_se")}
+        for i, L in enumerate(depths):
+            for s in range(S):
+                p = jax.tree_util.tree_map(lambda a: a[s, 0], params[i])
+                e = model_errors(config, p, lams, g, lams, E, _eval_key(config, 1 + j), m=m, layers=_layers(L))
+                est["err"][s, i], est["err_se"][s, i] = e["err"], e["err_se"]
+        out[f"{name}_err"], out[f"{name}_err_se"] = est["err"], est["err_se"]
+    star = [model_errors(config, jax.tree_util.tree_map(lambda a: a[s, 0], params[-1]), [lam_star], g, [lam_star],
+                         [err_star], _eval_key(config, 1)) for s in range(S)]
+    out["star_err"] = np.array([e["err"][0] for e in star])
+    out["star_err_se"] = np.array([e["err_se"][0] for e in star])
+
+    # gradient flow of the exact loss (Lemma 3) from Assumption 1, at λ*: the population engine
+    D1, D2, D3, _ = theory.D_sums(lam_star, g, **proc)
+    Lt = theory.Lam_tilde(Lam, D2, D3)
+    rng = np.random.default_rng(config.seed)
+    Theta = rng.standard_normal((config.d, config.d))
+    Theta /= np.sqrt(np.linalg.norm(Theta @ Theta.T))
+    sigma = config.pl_sigma_frac * theory.init_scale_bound(D1, Lt)
+    U0, u0 = theory.assumption1_init(Theta, sigma)
+    aux = {"D1": jnp.float64(D1), "Lt": jnp.asarray(Lt), "Lam": jnp.asarray(Lam)}
+    with reporter.task("gradient flow from Assumption 1 (population)", config.pl_records - 1) as cb:
+        gf = population.gradient_flow(
+            lambda p, a: theory.reduced_loss_jax(p["U11"], p["u_m1"], a["D1"], a["Lt"], a["Lam"]),
+            {"U11": jnp.asarray(U0), "u_m1": jnp.float64(u0)}, aux, t_max=config.pl_t_max, n_records=config.pl_records,
+            metrics={"balance": lambda p, a: p["u_m1"] ** 2 - jnp.sum(p["U11"] ** 2), "u": lambda p, a: p["u_m1"]},
+            record_params=True, callback=cb)
+    out["gf_t"] = gf.t
+    out["gf_gap"] = np.asarray(gf.loss) - theory.min_reduced_loss(D1, Lt, Lam)
+    out["gf_balance"] = np.asarray(gf.metrics["balance"])
+    out["gf_u"] = np.asarray(gf.metrics["u"])
+    out["gf_final_product"] = np.asarray(gf.params["u_m1"][-1] * gf.params["U11"][-1])
+    out["gf_target_product"] = D1 * np.linalg.inv(Lt)
+    out["pl_alpha"] = np.float64(theory.pl_constant(sigma, Theta, Lam, D1, Lt))
+    out["u_lower_bound"] = np.float64(theory.u_lower_bound(sigma, Theta, Lam, D1, Lt))
+    return out
+
+
+def checks_fig2(config: Fig2Config, r: dict) -> list:
+    depths, lams = list(r["depths"]), r["lams"]
+    i1 = depths.index(1)
+    out = []
+    rel1 = np.abs(r["train_err"][:, i1] / r["theory_train"][None] - 1)
+    out.append(check_at_most("(a) 1-layer trained train error = Theorem 2 at every λ (worst relative gap)", rel1.max(),
+                             REL_TOL, "exact population error for restricted weights, else estimated beside the eq-15 optimum on "
+                             "shared prompts (see drift.fig1)"))
+    for name, label in (("train", "(a) train"), ("test", f"(b) test (m = {config.test_m}, λ̄ = λ)")):
+        deep = [i for i, L in enumerate(depths) if L > 1]
+        if deep:
+            ratio = r[f"{name}_err"][:, deep] / r[f"theory_{name}"][None, None] - 1
+            s, j, k = np.unravel_index(np.argmax(ratio), ratio.shape)
+            out.append(check_at_most(
+                f"{label}: deeper no worse than the 1-layer optimum (worst relative excess, L = {depths[deep[j]]}, "
+                f"λ = {lams[k]:g})", ratio.max(), REL_TOL,
+                "L-layer trained error vs Theorem 2/3 of the 1-layer optimum (spec §6.12); tolerance as (a)"))
+    out.append(check_at_most("(c) 1-layer GLA trained at λ* = Theorem 2 err(λ*) (worst seed; relative gap)",
+                             float(np.max(np.abs(r["star_err"] / r["err_star"] - 1))), REL_TOL))
+    gap, t = r["gf_gap"], r["gf_t"]
+    live = gap > 1e-12 * gap[0]
+    bound = np.exp(-r["pl_alpha"] * t) * gap[0]
+    out.append(check_at_most("(e) gradient flow: L̃(t) − L̃* ≤ e^{−αt}(L̃(0) − L̃*) (Lemma 6, eq 54; worst ratio)",
+                             float(np.max(gap[live] / bound[live])), 1.0 + 1e-9,
+                             f"α = {r['pl_alpha']:.3g} from the reconstructed constants [R] of eq 54"))
+    k = np.flatnonzero(live)
+    k = k[k >= np.argmax(gap < 1e-2 * gap[0])]
+    slope = np.polyfit(t[k], np.log(gap[k]), 1)[0] if k.size >= 3 else 0.0
+    out.append(check_at_most("(e) linear convergence: fitted d log(L̃ − L̃*)/dt after the plateau ≤ −α", slope,
+                             -float(r["pl_alpha"]), "log-gap slope over the records with 1e-12 < gap/gap(0) < 1e-2"))
+    out.append(check_at_most("(e) Lemma 5: |u₋₁² − ‖U₁₁‖_F²| along the flow (max)", float(np.max(np.abs(r["gf_balance"]))),
+                             1e-8, "zero at Assumption 1 and conserved by the flow"))
+    out.append(check_at_most("(e) u₋₁(t) ≥ eq-50 lower bound (min of u − bound)", -float(np.min(r["gf_u"] - r["u_lower_bound"])),
+                             0.0))
+    tgt = r["gf_target_product"]
+    out.append(check_at_most("(e) limit u₋₁U₁₁ = D1 Λ̃⁻¹ (eq 46; max relative deviation)",
+                             float(np.max(np.abs(r["gf_final_product"] - tgt)) / np.max(np.abs(tgt))), 1e-6))
+    return out
+
+
+def plot_fig2(config: Fig2Config, r: dict):
+    depths, lams = list(r["depths"]), r["lams"]
+    fig, axes = figure(ncols=3, nrows=2, width=4.6, height=3.5)
+    for ax, name, title in ((axes[0, 0], "train", f"(a) train error, γ = {config.gamma:g}"),
+                            (axes[0, 1], "test", f"(b) test error, m = {config.test_m}, λ̄ = λ")):
+        ax.plot(r["lam_fine"], r[f"theory_{name}_fine"], **THEORY_STYLE, label="1-layer optimum (Thm 2/3)")
+        for i, L in enumerate(depths):
+            ax.plot(lams, r[f"{name}_err"][:, i].mean(0), "-o", color=COLORS[i % len(COLORS)], ms=3,
+                    label=f"L = {L}, trained")
+        ax.set_xlabel("forget factor λ")
+        ax.set_ylabel(f"{name} error")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    step = r["rec_step"]
+    ax = axes[0, 2]
+    if "rec_exact_excess_star" in r:
+        for s, e in enumerate(np.atleast_2d(r["rec_exact_excess_star"])):
+            ax.semilogy(step, e, color=COLORS[0], lw=1.4, label="AdamW, exact population excess" if s == 0 else None)
+        ax.set_ylabel("E(ŷ − y)² − err(λ*)  (exact, eq 42)")
+    else:
+        for s, e in enumerate(np.atleast_2d(r["rec_mse_star"])):
+            ax.semilogy(step, e, color=COLORS[0], lw=1.4, label="AdamW, MSE on fixed prompts" if s == 0 else None)
+        ax.axhline(float(r["rec_opt_star"]), **THEORY_STYLE, label="eq-15 optimum, same prompts")
+        ax.set_ylabel("MSE")
+    ax.set_xlabel("optimiser step")
+    ax.set_title(f"(c) 1 layer at λ* = {float(r['lam_star']):.4f}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1, 0]
+    kc = int(np.argmin(np.abs(lams - config.conv_lam)))
+    for i, L in enumerate(depths):
+        for s, e in enumerate(r["rec_mse"][:, i, :, kc]):
+            ax.semilogy(step, e, color=COLORS[i % len(COLORS)], lw=1.2, label=f"L = {L}" if s == 0 else None)
+    ax.axhline(float(r["rec_opt"][kc]), **THEORY_STYLE, label="1-layer optimum, same prompts")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("MSE on fixed prompts")
+    ax.set_title(f"(d) depths at λ = {config.conv_lam:g}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    t, gap = r["gf_t"], r["gf_gap"]
+    live = gap > 0
+    ax.semilogy(t[live], gap[live], color=COLORS[0], lw=1.4, label="gradient flow (population engine)")
+    ax.semilogy(t, np.exp(-r["pl_alpha"] * t) * gap[0], **THEORY_STYLE, label=f"PL bound e^(−αt), α = {float(r['pl_alpha']):.2g}")
+    ax.set_xlabel("t (gradient-flow time)")
+    ax.set_ylabel("L̃(t) − L̃*")
+    ax.set_title("(e) exact loss from Assumption 1 at λ*", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1, 2]
+    ax.plot(t, r["gf_u"], color=COLORS[0], label="u₋₁(t)")
+    ax.axhline(float(r["u_lower_bound"]), **THEORY_STYLE, label="eq-50 lower bound")
+    ax.plot(t, r["gf_balance"], color=COLORS[1], label="u₋₁² − ‖U₁₁‖²_F (Lemma 5)")
+    ax.set_xlabel("t (gradient-flow time)")
+    ax.set_title("(f) Lemmas 5-6 along the flow", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"drift Fig 2: depth and convergence (d = {config.d}, n = {config.n}, γ = {config.gamma:g}; "
+                 f"{config.parametrisation} weights, AdamW, {config.steps} steps × {config.batch} prompts)", fontsize=9)
+    return fig
+
+
+register(
+    Experiment(
+        id="drift.fig2",
+        title="Deeper GLA is no worse than the 1-layer optimum; training converges linearly (PL)",
+        paper=PAPER,
+        reference="Fig 2; Theorem 1, Lemmas 3-6 (eqs 42-54)",
+        config=Fig2Config,
+        presets={
+            "quick": {"depths": [1, 2], "lams": [0.85, 0.95], "batch": 250, "steps": 200, "lr_schedule": "cosine",
+                      "parametrisation": "restricted", "init_std": 0.03, "n_eval": 1000, "n_record": 500,
+                      "record_every": 25},
+            "paper": {"record_every": 20},
+        },
+        run=run_fig2,
+        checks=checks_fig2,
+        plot=plot_fig2,
+        notes=[
+            "Multi-layer architecture (unspecified): L layers with their own weights and a shared λ, residual "
+            "Z ← Z + GLA_l(Z) at every position, read out at the query's label slot.",
+            "Depths, the λ grid and the test length m (50) are unspecified; (b) tests at λ̄ = λ, γ̄ = γ.",
+            "(c) shows the exact population excess of the recorded weights (restricted weights) or else the MSE on fixed "
+            "prompts; (d) the MSE on fixed prompts beside the 1-layer optimum's on the same prompts (the training loss "
+            "itself carries O(1/√B) noise); (e-f) integrate the exact reduced loss (eq 42) from Assumption 1 with the "
+            "population engine; α of eq 54 uses constants reconstructed from the OCR [R] and is a loose bound.",
+            "quick: depths 1-2, λ ∈ {0.85, 0.95}, restricted weights (init std 0.03), cosine lr, 200 steps × 250 "
+            "prompts; one restricted layer is evaluated exactly (theory.drift.restricted_error), two layers by Monte "
+            "Carlo beside the 1-layer optimum on 1000 prompts.",
+        ],
+        runtime={"quick": "108 s wall, 76 s CPU (measured on the 2-core machine under a concurrent load average of ~6)",
+                 "paper": "not run: 2000 steps × 5000 prompts of qkv GLA at 3 depths × 5 λ, estimated several hours on 2 cores"},
+    )
+)

@@ -1,0 +1,44 @@
+"""drift.baselines on a tiny setting (run → checks → plot structure); its checks fed known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import iclab  # noqa: F401  (float64)
+from iclab.experiments._registry import get_experiment
+from iclab.experiments.drift import baselines
+from iclab.progress import Reporter
+
+TINY = dict(d=3, n=8, gammas=[0.9, 0.95], trials=20, chunk=20, length=60, window=10, steps=4, batch=8, n_eval=100)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    exp = get_experiment("drift.baselines")
+    config = exp.resolve("quick", TINY)
+    return exp, config, exp.run(config, Reporter())
+
+
+def test_tiny_run_shapes_checks_and_plot(tiny):
+    exp, config, r = tiny
+    assert r["gla_err"].shape == (1, 2) and np.all(r["gla_err_se"] == 0)
+    assert r["lms"].shape == (2,) and np.all(r["lms_se"] > 0) and np.all(r["rls"] > 0)
+    assert np.isnan(r["paper_lms"]).tolist() == [True, False]  # γ = 0.9 is not in the paper's table, 0.95 is
+    names = [c.name for c in exp.checks(config, r)]
+    assert len(names) == 3 and not any("paper's reported" in n for n in names)  # d = 3: no paper comparison
+    assert len(exp.plot(config, r).axes) == 2
+
+
+def test_checks_pass_at_theory_and_fail_when_a_filter_wins(tiny):
+    exp, config, r = tiny
+    perfect = dict(r, gla_err=r["err_star"][None].copy(), lms=10 * r["err_star"], rls=10 * r["err_star"])
+    assert all(c.passed for c in exp.checks(config, perfect))
+    beaten = dict(perfect, rls=np.array([10.0, 0.9]) * r["err_star"])
+    failed = [c.name for c in exp.checks(config, beaten) if not c.passed]
+    assert len(failed) == 2 and all("below" in n for n in failed)
+
+
+def test_window_must_fit_in_the_sequence():
+    with pytest.raises(ValueError, match="window"):
+        baselines.BaselinesConfig(**{**TINY, "window": 100, "length": 50})

@@ -1,0 +1,237 @@
+"""GLA with a global forget factor (drift paper, eqs 5-9): every fast form against a naive float64
+per-token loop, on outputs and gradients; eq 9 = uᵀHu; λ = 1 is linear attention."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import iclab  # noqa: F401  (float64)
+import iclab.theory.drift as theory
+from iclab.models import gla_forget as gla
+from iclab.tasks.drift import sample_drift_prompts, tokens
+
+FORMS = ("readout", "parallel", "recurrent", "scan", "unrolled")
+LAYER_FORMS = FORMS[1:]
+# jitted (and several forms in one compile): far cheaper than op-by-op dispatch of every einsum
+predict = jax.jit(gla.predict, static_argnames="form")
+
+
+@jax.jit
+def all_forms(params, Z, lam):
+    """Every all-position form (dict form -> O) and the readout ŷ, in one compiled call."""
+    out = {form: gla.gla_layer(params, Z, lam, form) for form in LAYER_FORMS}
+    out["readout"] = gla.predict(params, Z, lam, "readout")
+    return out
+
+
+def _prompts(key, d, n, B, gamma=0.9):
+    Lam = jnp.diag(jnp.linspace(1.5, 0.5, d))
+    return tokens(sample_drift_prompts(key, Lam, n, B, gamma, 1.0, 0.05))
+
+
+def _naive(params, Z, lam):
+    """Eqs 5-6 token by token in numpy float64: S_t = λ S_{t-1} + v_t k_tᵀ, o_t = S_t q_t."""
+    WV, WKQ = (np.asarray(a, dtype=np.float64) for a in gla.merged_weights(params))
+    if gla.parametrisation(params) == "qkv":
+        WQ, WK, WV = (np.asarray(params[k], dtype=np.float64) for k in ("WQ", "WK", "WV"))
+    else:
+        WQ, WK = WKQ, np.eye(WKQ.shape[0])
+    Z = np.asarray(Z, dtype=np.float64)
+    O = np.zeros_like(Z)
+    for b in range(Z.shape[0]):
+        S = np.zeros((Z.shape[-1], Z.shape[-1]))
+        for t in range(Z.shape[1]):
+            z = Z[b, t]
+            S = lam * S + np.outer(WV @ z, WK @ z)
+            O[b, t] = S @ (WQ @ z)
+    return O
+
+
+CASES = [("qkv", 1, 1, 2, 0.5), ("qkv", 3, 6, 4, 0.9), ("qkv", 2, 30, 2, 0.3), ("merged", 3, 6, 4, 0.9),
+         ("lemma2", 2, 9, 3, 0.7), ("restricted", 3, 6, 4, 0.9), ("restricted", 1, 1, 2, 0.5)]
+
+
+@pytest.mark.parametrize("kind,d,n,B,lam", CASES)
+def test_forms_match_naive_loop(kind, d, n, B, lam):
+    """All positions of the parallel, recurrent, scan and unrolled forms, and the readout ŷ, vs the naive loop."""
+    key = jax.random.PRNGKey(d * 1000 + n)
+    Z = _prompts(key, d, n, B)
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.7)
+    ref = _naive(params, Z, lam)
+    scale = np.abs(ref).max()
+    got = all_forms(params, Z, lam)
+    for form in LAYER_FORMS:
+        np.testing.assert_allclose(got[form], ref, atol=1e-12 * scale, rtol=0, err_msg=form)
+    np.testing.assert_allclose(got["readout"], ref[:, -1, -1], atol=1e-12 * scale, rtol=0)
+    # predict(form) for the all-position forms is the same function indexed at [..., -1, -1]
+    np.testing.assert_allclose(predict(params, Z, lam, "parallel"), ref[:, -1, -1], atol=1e-12 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("kind", gla.PARAMETRISATIONS)
+def test_gradients_agree_across_forms(kind, d=3, n=7, lam=0.8):
+    """Gradients w.r.t. every weight and w.r.t. λ (through θ) agree between the four forms to 1e-12."""
+    key = jax.random.PRNGKey(7 + d)
+    Z = _prompts(key, d, n, 5)
+    y = jax.random.normal(jax.random.fold_in(key, 2), (5,))
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.6, theta=float(np.log(lam / (1 - lam))))
+
+    def loss(p, form):
+        return jnp.mean((gla.predict(p, Z, None, form) - y) ** 2)
+
+    grads = jax.jit(lambda p: {form: jax.grad(loss)(p, form) for form in FORMS})(params)
+    for form in FORMS[1:]:
+        for name in params:
+            ref = np.asarray(grads["readout"][name])
+            np.testing.assert_allclose(grads[form][name], ref, atol=1e-12 * max(np.abs(ref).max(), 1.0), rtol=0,
+                                       err_msg=f"{form} {name}")
+
+
+def test_gradient_against_finite_differences_of_naive_loop():
+    """The readout gradient against central differences of the naive loop (independent of JAX's autodiff)."""
+    d, n, lam, h = 2, 6, 0.85, 1e-6
+    key = jax.random.PRNGKey(3)
+    Z = _prompts(key, d, n, 3)
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, "qkv", std=0.8)
+    f = lambda p: np.sum(_naive(p, Z, lam)[:, -1, -1])  # noqa: E731
+    g = jax.jit(jax.grad(lambda p: jnp.sum(gla.predict(p, Z, lam))))(params)
+    for name in params:
+        W = np.asarray(params[name])
+        for idx in [(0, 0), (d, d), (1, d)]:
+            E = np.zeros_like(W)
+            E[idx] = h
+            num = (f({**params, name: W + E}) - f({**params, name: W - E})) / (2 * h)
+            assert float(g[name][idx]) == pytest.approx(num, rel=1e-7, abs=1e-9)
+
+
+@pytest.mark.parametrize("kind", gla.PARAMETRISATIONS)
+@pytest.mark.parametrize("lam", [0.7, 1.0])
+def test_eq9_equals_quadratic_form(kind, lam):
+    """Lemma 2: ŷ = uᵀ H u with u = vec(U) (column-major) and H of ``theory.drift.lemma2_H``."""
+    d, n = 3, 8
+    key = jax.random.PRNGKey(11)
+    Z = _prompts(key, d, n, 6)
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.9)
+    u = np.asarray(gla.lemma2_matrix(params)).reshape(-1, order="F")
+    H = theory.lemma2_H(np.asarray(Z), lam)
+    quad = np.einsum("i,bij,j->b", u, H, u)
+    np.testing.assert_allclose(predict(params, Z, lam), quad, atol=1e-12 * np.abs(quad).max(), rtol=0)
+    np.testing.assert_allclose(theory.restricted_prediction(np.asarray(gla.lemma2_matrix(params)), np.asarray(Z), lam),
+                               quad, atol=1e-12 * np.abs(quad).max(), rtol=0)
+
+
+def test_lemma2_mapping_of_merged_weights():
+    """U_11 = W^KQ_11, u_12 = w^V_21, u_21 = w^KQ_21, u_-1 = w^V_-1; the other blocks never reach ŷ."""
+    d, key = 3, jax.random.PRNGKey(4)
+    p = gla.init_gla(key, d, "merged", std=1.0)
+    U = np.asarray(gla.lemma2_matrix(p))
+    np.testing.assert_array_equal(U, theory.weights_to_U(np.asarray(p["WV"]), np.asarray(p["WKQ"])))
+    Z = _prompts(key, d, 5, 4)
+    bumped = {"WV": p["WV"].at[:d, :].add(3.0), "WKQ": p["WKQ"].at[:, d].add(3.0)}
+    np.testing.assert_allclose(predict(bumped, Z, 0.8), predict(p, Z, 0.8), rtol=1e-12)
+    np.testing.assert_allclose(predict(gla.init_gla(key, d, "lemma2") | {"U": jnp.asarray(U)}, Z, 0.8),
+                               predict(p, Z, 0.8), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", gla.PARAMETRISATIONS)
+def test_lambda_one_is_linear_attention(kind):
+    """λ = 1: W_V Zᵀ Z W_Kᵀ W_Q z_{n+1}, written without any forget factor."""
+    d, key = 4, jax.random.PRNGKey(21)
+    Z = _prompts(key, d, 15, 5)
+    p = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.5)
+    ref = np.asarray(gla.predict_linear_attention(p, Z))
+    got = all_forms(p, Z, 1.0)
+    for form in FORMS:
+        yh = got[form] if form == "readout" else got[form][:, -1, -1]
+        np.testing.assert_allclose(yh, ref, atol=1e-12 * np.abs(ref).max(), rtol=0, err_msg=form)
+    np.testing.assert_array_equal(gla.decay_mask(4, 1.0), np.tril(np.ones((4, 4))))
+    assert np.abs(np.asarray(predict(p, Z, 0.9)) - ref).max() > 1e-3 * np.abs(ref).max()
+
+
+def test_restricted_is_assumption1_form_and_theorem1_optimum():
+    """The restricted model is ŷ = u_-1 Gᵀ U_11 x_{n+1}; at Theorem 1's weights it is eq 15's predictor."""
+    d, n, lam, gamma = 4, 20, 0.85, 0.9
+    key = jax.random.PRNGKey(5)
+    Z = _prompts(key, d, n, 7, gamma)
+    D1, D2, D3, _ = theory.D_sums(lam, gamma, 1.0, 0.05, n)
+    Lt = theory.Lam_tilde(np.diag(np.linspace(1.5, 0.5, d)), D2, D3)
+    U11, u = theory.optimal_restricted(D1, Lt)
+    p = gla.restricted_from_optimum(U11, u)
+    ref = theory.optimal_prediction(np.asarray(Z), lam, D1, Lt)
+    got = all_forms(p, Z, lam)
+    for form in FORMS:
+        yh = got[form] if form == "readout" else got[form][:, -1, -1]
+        np.testing.assert_allclose(yh, ref, rtol=1e-12, atol=1e-14, err_msg=form)
+    W_V, W_KQ = theory.optimal_weights(D1, Lt)
+    np.testing.assert_allclose(predict({"WV": jnp.asarray(W_V), "WKQ": jnp.asarray(W_KQ)}, Z, lam), ref, rtol=1e-12)
+    Th = np.eye(d) / d**0.25
+    p0 = gla.init_assumption1(jnp.asarray(Th), 0.3)
+    U0, u0 = theory.assumption1_init(Th, 0.3)
+    np.testing.assert_allclose(p0["U11"], U0, rtol=1e-15)
+    assert float(p0["u_m1"]) == u0
+
+
+def test_trainable_forget_factor_and_test_time_override():
+    """λ = sigmoid(θ) when no λ is passed; an explicit λ̄ (eq 18) overrides it."""
+    d, key = 3, jax.random.PRNGKey(8)
+    Z = _prompts(key, d, 10, 4)
+    p = gla.init_gla(key, d, "qkv", theta=0.4)
+    lam = float(jax.nn.sigmoid(0.4))
+    np.testing.assert_allclose(predict(p, Z), predict({k: v for k, v in p.items() if k != "theta"}, Z, lam), rtol=1e-13)
+    np.testing.assert_allclose(predict(p, Z, 0.6), _naive(p, Z, 0.6)[:, -1, -1], rtol=1e-12)
+    with pytest.raises(ValueError, match="lam is required"):
+        predict(gla.init_gla(key, d, "qkv"), Z)
+    with pytest.raises(ValueError, match="unknown GLA parameters"):
+        predict({"WQ": p["WQ"]}, Z, 0.5)
+
+
+def test_small_lambda_has_finite_gradients():
+    """The parallel mask never forms λ^{-k} (0.05^{-40} overflows float32): gradients stay finite and float32."""
+    d, key, dtype = 3, jax.random.PRNGKey(9), jnp.float32
+    Z = _prompts(key, d, 40, 2).astype(dtype)
+    p = gla.init_gla(key, d, "qkv", theta=float(np.log(0.05 / 0.95)), dtype=dtype)
+    grads = jax.jit(lambda q: {f: jax.grad(lambda r: jnp.sum(gla.predict(r, Z, None, f)))(q) for f in FORMS})(p)
+    for form, g in grads.items():
+        assert all(bool(jnp.all(jnp.isfinite(v))) for v in g.values()), form
+        assert all(v.dtype == dtype for v in g.values()), form
+    assert all_forms(p, Z, None)["readout"].dtype == dtype
+
+
+@pytest.mark.parametrize("kind,L", [("qkv", 1), ("qkv", 2), ("restricted", 3)])
+def test_multilayer_residual_against_naive_loop(kind, L):
+    """Z ← Z + GLA_l(Z) at every position, read out at the query, in every form; gradients agree across forms."""
+    d, n, lam = 3, 7, 0.8
+    key = jax.random.PRNGKey(L)
+    Z = _prompts(key, d, n, 3)
+    layers = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.6, layers=L)
+    H = np.asarray(Z)
+    for l in range(L):
+        H = H + _naive({k: v[l] for k, v in layers.items()}, H, lam)
+    ref = H[:, -1, -1]
+
+    def loss(p, form):
+        return jnp.sum(gla.predict_multilayer(p, Z, lam, form))
+
+    out = jax.jit(lambda p: {f: (gla.predict_multilayer(p, Z, lam, f), jax.grad(loss)(p, f)) for f in LAYER_FORMS})(layers)
+    for form, (got, _) in out.items():
+        np.testing.assert_allclose(got, ref, atol=1e-12 * np.abs(ref).max(), rtol=0, err_msg=form)
+    if L == 1:
+        np.testing.assert_allclose(ref, predict({k: v[0] for k, v in layers.items()}, Z, lam), rtol=1e-12)
+    g_ref = out["parallel"][1]
+    for form, (_, g) in out.items():
+        for k in layers:
+            np.testing.assert_allclose(g[k], g_ref[k], atol=1e-12 * np.abs(g_ref[k]).max(), rtol=0, err_msg=form)
+
+
+@pytest.mark.parametrize("kind", gla.PARAMETRISATIONS)
+def test_readout_with_filled_query_label_slot(kind):
+    """Inside an L-layer model the residual fills the query's label slot: the readout keeps its term."""
+    d, n, lam = 3, 6, 0.75
+    key = jax.random.PRNGKey(31)
+    Z = _prompts(key, d, n, 4)
+    Z = Z.at[:, -1, -1].set(jax.random.normal(jax.random.fold_in(key, 2), (4,)))
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.7)
+    ref = _naive(params, Z, lam)[:, -1, -1]
+    np.testing.assert_allclose(predict(params, Z, lam), ref, atol=1e-12 * np.abs(ref).max(), rtol=0)
