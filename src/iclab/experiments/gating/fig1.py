@@ -1,0 +1,313 @@
+"""gating Fig 1: trained LinAtt, GLA, GLA-wo and GLA-vector against n̄ in four correlation settings, with the
+closed forms eq 24 (linear attention) and eq 17 (WPGD optimum), and the restricted models trained on the
+exact risk eq 37."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import model_validator
+
+from iclab.experiments._config import param
+from iclab.experiments._plot import figure
+from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments.gating._common import (
+    COLOR,
+    FIG1_MODELS,
+    PANEL_NAMES,
+    PANELS,
+    PAPER,
+    RESTRICTED,
+    TrainConfig,
+    evaluate,
+    theory_refs,
+    train_models,
+    train_restricted,
+)
+
+PanelName = Literal["a", "b", "c", "d"]
+
+# The issue's tolerance for trained-vs-theory (spec §5 suggests "a few %"): a trained model's excess over
+# the optimum of its class comes from finite training (constant-lr Adam fluctuations, gates that reach
+# 0 or 1 only asymptotically); the control-variate estimates carry standard errors of ~0.1-0.5 %.
+REL_TOL = 0.05
+# Restricted models on the exact risk: no sampling noise; the residual is the sigmoid gates' distance from
+# 0/1 and unfinished descent, far below 1 %.
+RESTRICTED_TOL = 0.01
+# Max |z| of the reference predictors' raw Monte-Carlo MSE against their closed forms, over all seeds,
+# panels, n̄ and classes (≈ 100 correlated comparisons: P(|z| > 4.5) ≈ 7e-6 each).
+Z_MAX = 4.5
+
+
+class Fig1Config(TrainConfig):
+    panels: list[PanelName] = param(["a", "b", "c", "d"], "panels: (a) r=(0,1), (b) (.2,.8), (c) (.5,.5), (d) (.8,.2)",
+                                    paper=["a", "b", "c", "d"])
+    models: list[Literal["linatt", "gla", "gla_wo", "gla_vector"]] = param(
+        ["linatt", "gla", "gla_wo", "gla_vector"], "trained models", paper=["linatt", "gla", "gla_wo", "gla_vector"])
+    vector_panels: list[PanelName] = param(
+        ["a", "b", "c", "d"], "panels in which GLA-vector is trained", paper=["d"],
+        paper_note="unspecified: the text discusses GLA-vector for panel (d) only")
+    restarts: int = param(
+        1, "independent initialisations per seed of the gated models with delimiters (GLA, GLA-vector) in "
+        "restart_panels, trained on the seed's data stream; the figure takes the best of seeds × restarts",
+        paper=1, ge=1, le=100, paper_note="the paper reports the best of 10 runs (seeds) for every model")
+    restart_panels: list[PanelName] = param(
+        ["d"], "panels in which GLA and GLA-vector get `restarts` initialisations", paper=[],
+        paper_note="in panel d the gates must open (ω₁ ≥ ω₂) against the weakest initial signal — with every gate "
+        "near ½ the model mostly reads the last, less relevant task — so the escape from that plateau is slowest "
+        "and most variable there")
+    check_from: int = param(5, "smallest n̄ of the trained-vs-theory checks", paper=None,
+                            paper_note="the issue's n̄ ≥ 5", ge=0, le=1000)
+    monotone_tol: float = param(0.01, "allowed increase of a curve between consecutive n̄ (risk/d), besides 3 SE",
+                                ge=0, le=1)
+    restricted: bool = param(True, "also train the restricted models (eq 20 + gates on the contexts) on the exact "
+                             "risk eq 37 with the population engine", paper=False,
+                             paper_note="extension: shows where trained models meet the optimum")
+    restricted_steps: int = param(3000, "Adam steps of the restricted models", ge=1, le=1_000_000)
+    restricted_lr: float = param(0.02, "Adam learning rate of the restricted models", gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _subsets(self):
+        if len(set(self.panels)) != len(self.panels) or not set(self.vector_panels) <= set(self.panels):
+            raise ValueError("panels must be distinct and vector_panels a subset of panels")
+        if self.p < 3 and self.restricted:
+            raise ValueError("p must be >= K + 1 = 3 for the restricted gate constructions (Thms 4-5)")
+        return self
+
+    def panel_values(self):
+        return [PANELS[PANEL_NAMES.index(n)] for n in self.panels]
+
+
+def _models(config: Fig1Config) -> dict:
+    out = {}
+    all_idx = tuple(range(len(config.panels)))
+    for name in config.models:
+        idx = tuple(config.panels.index(n) for n in config.vector_panels) if name == "gla_vector" else all_idx
+        if name in ("gla", "gla_vector"):
+            again = tuple(i for i in idx if config.panels[i] in config.restart_panels)
+            idx = idx + again * (config.restarts - 1)
+        if idx:
+            out[name] = (FIG1_MODELS[name], idx)
+    return out
+
+
+def run_fig1(config: Fig1Config, reporter) -> dict:
+    panels = config.panel_values()
+    n_max = max(config.n_bars)
+    refs = theory_refs(config.d, config.sigma2, panels, config.n_bars, n_max)
+    models = _models(config)
+    tr, params = train_models(config, models, panels, reporter, label=f"{len(models)} kinds x {len(panels)} panels "
+                              f"x {len(config.n_bars)} n̄ x {config.seeds} seeds")
+    out = evaluate(config, models, params, panels, refs, reporter)
+    out.update({
+        "n_bars": np.asarray(config.n_bars), "panels": np.asarray(panels),
+        "eq17": refs["eq17"] / config.d, "eq24": refs["eq24"] / config.d,
+        "eq22": refs["E_scalar"] / config.d, "thm5": refs["E_vector"] / config.d, "halfgate": refs["E_half"] / config.d,
+        "train_step": tr.step, "train_loss": tr.loss,
+    })
+    if config.restricted:
+        kinds = [k for k in ("linatt", "gla", "gla_vector") if k in config.models]
+        _, pop = train_restricted(config, kinds, panels, steps=config.restricted_steps, lr=config.restricted_lr,
+                                  init_std=config.init_std, reporter=reporter)
+        out.update({f"restricted_{k}": v for k, v in pop.items()})
+    return out
+
+
+def _best_run(r, name) -> np.ndarray:
+    """Index of the best run (seeds × restarts) per (panel, n̄), −1 where the kind is not trained; (P, G)."""
+    risk = r[f"risk_{name}"]
+    return np.where(np.all(np.isnan(risk), axis=0), -1, np.argmin(np.where(np.isnan(risk), np.inf, risk), axis=0))
+
+
+def _at_best(r, name, key) -> np.ndarray:
+    """``key`` (risk, se, raw, se_raw) of the best run per (panel, n̄), NaN where the kind is not trained; (P, G)."""
+    k = _best_run(r, name)
+    vals = np.take_along_axis(r[f"{key}_{name}"], np.maximum(k, 0)[None], axis=0)[0]
+    return np.where(k >= 0, vals, np.nan)
+
+
+def _best(r, name):
+    """Minimum over runs (seeds × restarts; the paper reports the best of 10 runs), (P, G)."""
+    return _at_best(r, name, "risk")
+
+
+def _worst_rel(curve, theory, sel):
+    """(worst |curve/theory − 1| over the selected entries, the curve value there)."""
+    rel = np.abs(curve / theory - 1.0)
+    rel = np.where(sel, rel, -np.inf)
+    k = np.unravel_index(np.argmax(rel), rel.shape)
+    return float(rel[k]), k
+
+
+def checks_fig1(config: Fig1Config, r: dict) -> list:
+    names = list(config.panels)
+    n_bars = np.asarray(config.n_bars)
+    big = n_bars >= config.check_from
+    checks = []
+
+    def pidx(which):
+        return [names.index(n) for n in which if n in names]
+
+    def rel_check(label, name, theory_key, panel_names, note=""):
+        idx = pidx(panel_names)
+        if f"risk_{name}" not in r or not idx or not big.any():
+            return
+        sel = np.zeros_like(r[theory_key], dtype=bool)
+        sel[np.ix_(idx, np.nonzero(big)[0])] = True
+        sel &= np.isfinite(_best(r, name))
+        worst, k = _worst_rel(_best(r, name), r[theory_key], sel)
+        where = f"panel {names[k[0]]}, n̄ = {n_bars[k[1]]}"
+        checks.append(check_at_most(f"{label} (worst relative gap, n̄ ≥ {config.check_from}: {where})", worst, REL_TOL,
+                                    note))
+
+    # Sampler and closed forms, no training: the optimal predictors' raw Monte-Carlo risk.
+    zs = []
+    for cls in ("att", "scalar", "vector", "half"):
+        if f"ref_raw_{cls}" in r:
+            E = {"att": r["eq24"], "scalar": r["eq22"], "vector": r["thm5"], "half": r["halfgate"]}[cls]
+            z = (r[f"ref_raw_{cls}"] - E[None]) / r[f"ref_se_{cls}"]
+            zs.append(np.abs(z[:, :, n_bars >= 1]))
+    if zs:
+        checks.append(check_at_most("optimal predictors' Monte-Carlo risk = eqs 24, 22, Thm 5, ½-gate form (max |z|)",
+                                    max(float(np.nanmax(z)) for z in zs), Z_MAX,
+                                    "raw MSE of ŷ = xᵀP*Xᵀ(ω*⊙y) on the test prompts against eq 37 at the optimum; "
+                                    "tests the sampler (Defs 1-2) and the closed forms, no training"))
+    note = ("minimum over runs of the control-variate estimate (module _common); tolerance: the issue's 5 %")
+    rel_check("LinAtt = eq 24, all panels", "linatt", "eq24", names, note)
+    rel_check("GLA = eq 17, panels a-c", "gla", "eq17", ["a", "b", "c"], note)
+    rel_check("GLA = eq 24 (scalar gating cannot up-weight the earlier task), panel d", "gla", "eq24", ["d"], note)
+    rel_check("GLA-vector = eq 17, panel d (Thm 5)", "gla_vector", "eq17", ["d"], note)
+    rel_check("GLA-vector = eq 17, panels a-c", "gla_vector", "eq17",
+              [n for n in ["a", "b", "c"] if n in config.vector_panels], note)
+    if "d" in names and "risk_gla_vector" in r and "risk_gla" in r and big.any():
+        i = names.index("d")
+        gap = (_best(r, "gla")[i] - _best(r, "gla_vector")[i])[big]
+        se = np.sqrt(_at_best(r, "gla", "se")[i] ** 2 + _at_best(r, "gla_vector", "se")[i] ** 2)[big]
+        theory_gap = (r["eq24"][i] - r["eq17"][i])[big]
+        k = int(np.argmax(theory_gap))
+        checks.append(check_at_most(
+            f"panel d: GLA-vector below GLA by half the eq 24 − eq 17 gap at n̄ = {n_bars[big][k]} "
+            "(0.5·gap − measured, ≤ 0)", 0.5 * theory_gap[k] - gap[k], 0.0,
+            f"measured gap {gap[k]:.4f} ± {se[k]:.4f}, theory gap {theory_gap[k]:.4f}"))
+    rel_check("GLA-wo = WPGD with every gate ½ [derived], all panels", "gla_wo", "halfgate", names,
+              "without delimiters the tokens are mean-zero and the gate has no bias: training settles at w_g ≈ 0, "
+              "ω_j = 2^{j−n−1}")
+    bcd = pidx(["b", "c", "d"])
+    if "risk_gla_wo" in r and "risk_linatt" in r and bcd and big.any():
+        margin = (_best(r, "gla_wo") - _best(r, "linatt"))[np.ix_(bcd, np.nonzero(big)[0])]
+        k = np.unravel_index(np.argmin(margin), margin.shape)
+        checks.append(check_at_most(
+            f"GLA-wo above LinAtt, panels b-d, n̄ ≥ {config.check_from} (−min margin; at panel {names[bcd[k[0]]]}, "
+            f"n̄ = {n_bars[big][k[1]]})", -float(margin[k]), 0.0,
+            "the paper's 'GLA-wo worst'. Not claimed for panel a: there the ½-gate recency weighting helps (the "
+            "relevant task is the last block) and GLA-wo lies below LinAtt at small n̄, as its closed form predicts"))
+    worst, where = -np.inf, ""
+    for name in ("linatt", "gla", "gla_vector"):
+        if f"risk_{name}" not in r:
+            continue
+        best = _best(r, name)
+        se = _at_best(r, name, "se")
+        for i in range(best.shape[0]):
+            if not np.all(np.isfinite(best[i])):
+                continue
+            inc = np.diff(best[i]) - 3 * np.sqrt(se[i, 1:] ** 2 + se[i, :-1] ** 2)
+            k = int(np.argmax(inc))
+            if inc[k] > worst:
+                worst, where = float(inc[k]), f"{name}, panel {names[i]}, n̄ {n_bars[k]} → {n_bars[k + 1]}"
+    checks.append(check_at_most(f"LinAtt, GLA, GLA-vector non-increasing in n̄ (largest increase beyond 3 SE: {where})",
+                                worst, config.monotone_tol,
+                                "risk/d units; trained models carry a finite-training excess that varies by "
+                                f"≲ {config.monotone_tol} between neighbouring n̄. GLA-wo is excluded: its ½-gate "
+                                "closed form rises with n̄ in panels c-d (the relevant task recedes)"))
+    if config.restricted:
+        for name, key, label in (("linatt", "eq24", "eq 24"), ("gla", "eq22", "eq 22 (= eq 17 in a-c, eq 24 in d)"),
+                                 ("gla_vector", "thm5", "Thm 5 (= eq 17)")):
+            if f"restricted_{name}" not in r:
+                continue
+            pos = np.broadcast_to(n_bars >= 1, r[key].shape)
+            worst, k = _worst_rel(np.min(r[f"restricted_{name}"], axis=0), r[key], pos)
+            checks.append(check_at_most(
+                f"restricted {FIG1_MODELS[name].label} on the exact risk = {label} (worst relative gap, panel "
+                f"{names[k[0]]}, n̄ = {n_bars[k[1]]})", worst, RESTRICTED_TOL,
+                "eq 20 weights + gates on the contexts, Adam on eq 37 (population engine), min over seeds"))
+    return checks
+
+
+def plot_fig1(config: Fig1Config, r: dict):
+    names = list(config.panels)
+    n_bars = np.asarray(config.n_bars)
+    fig, axes = figure(ncols=len(names), width=3.6, height=3.2)
+    for i, (ax, name) in enumerate(zip(axes[0], names)):
+        r1, r2 = r["panels"][i]
+        ax.plot(n_bars, r["eq24"][i], color=COLOR["eq24"], ls="--", lw=1.2, label="$L^*_{ATT}$ (24)")
+        ax.plot(n_bars, r["eq17"][i], color=COLOR["eq17"], ls="--", lw=1.2, label="$L^*_{WPGD}$ (17)")
+        if "risk_gla_wo" in r:
+            ax.plot(n_bars, r["halfgate"][i], color=COLOR["gla_wo"], ls=":", lw=1.2, label="gates ½ [derived]")
+        for kind, spec in FIG1_MODELS.items():
+            if f"risk_{kind}" in r and np.all(np.isfinite(_best(r, kind)[i])):
+                ax.plot(n_bars, _best(r, kind)[i], color=COLOR[kind], lw=1.6, marker="o", ms=2.5, label=spec.label)
+            if f"restricted_{kind}" in r:
+                ax.plot(n_bars, np.min(r[f"restricted_{kind}"], 0)[i], ls="none", marker="s", ms=5, mfc="none",
+                        color=COLOR[kind], label=f"{spec.label}, restricted, eq 37" if i == 0 else None)
+        ax.set_title(f"({name}) $r_1$ = {r1:g}, $r_2$ = {r2:g}", fontsize=9)
+        ax.set_xlabel(r"samples per task $\bar n$")
+        if i == 0:
+            ax.set_ylabel("test risk / d")
+    h, lab = axes[0][0].get_legend_handles_labels()
+    axes[0][0].legend(h, lab, fontsize=6, loc="upper right")
+    restarts = f"; GLA, GLA-vector × {config.restarts} restarts in panel(s) {','.join(config.restart_panels)}" \
+        if config.restarts > 1 and config.restart_panels else ""
+    fig.suptitle(f"gating Fig 1: d = {config.d}, p = {config.p}, σ² = {config.sigma2:g}; best of {config.seeds} "
+                 f"seeds{restarts}; {config.steps} Adam steps (lr {config.lr:g}, {config.lr_schedule}), batch "
+                 f"{config.batch}; squares: restricted models trained on the exact risk", fontsize=8)
+    return fig
+
+
+register(
+    Experiment(
+        id="gating.fig1",
+        title="Trained LinAtt / GLA / GLA-wo / GLA-vector vs n̄ against eq 24 and eq 17, four task correlations",
+        paper=PAPER,
+        reference="Fig 1 (a)-(d), App B.1; eqs 17, 22, 24, Thms 4-5",
+        config=Fig1Config,
+        presets={
+            "quick": {"d": 5, "p": 5, "n_bars": [0, 2, 5, 10], "vector_panels": ["d"], "restarts": 3, "steps": 1000,
+                      "lr": 0.01, "lr_schedule": "cosine", "seeds": 2, "n_eval": 4096, "restricted_steps": 800,
+                      "record_every": 100},
+            "paper": {"seeds": 10},
+        },
+        runtime={"quick": "334 s wall, 200 s user CPU, measured with both cores shared (load average 5-7); "
+                          "re-measure on an idle machine", "paper": "not measured (10 seeds x 10000 steps at d = 10)"},
+        run=run_fig1,
+        checks=checks_fig1,
+        plot=plot_fig1,
+        notes=[
+            "Models are unrestricted one-layer GLAs (W_q, W_k, W_v ∈ R^{D×D}, D = d+1+p) with sigmoid gates without "
+            "bias: scalar φ(w_gᵀz)1 (GLA, GLA-wo) or vector φ(W_g z)1ᵀ with a linear head (GLA-vector); LinAtt has "
+            "G ≡ 1. LinAtt, GLA and GLA-vector read the delimiter prompt (eq 19); GLA-wo reads [x; y] tokens.",
+            "Readout: the label coordinate of o_{n+1} (LinAtt, GLA, GLA-wo); hᵀo_{n+1} (GLA-vector, Thm 5).",
+            "Contexts c̄_0..c̄_2 ~ N(0, I_p), one draw per seed; the query token carries c̄_0 (spec §7).",
+            "Risk: best over runs (seeds, and restarts where set) of a control-variate estimate against the optimal "
+            "predictor of the compared closed form on the same test prompts (module _common); raw Monte-Carlo MSEs "
+            "are stored too.",
+            "All models of a seed are trained jointly on the sum of their losses with shared random numbers; "
+            "one model per (kind, panel, n̄).",
+            "quick: d = 5 (p = 5 as the paper: with p = 3 the three random contexts are often ill-conditioned and "
+            "the gates need weights several times larger to open, which 1000 steps do not reach), n̄ ∈ {0, 2, 5, 10}, "
+            "GLA-vector in panel d only, 1000 steps at lr 0.01 with cosine decay, best of 2 seeds, and in panel d of "
+            "2 seeds × 3 restarts for GLA and GLA-vector, 4096 test prompts (paper: d = 10, p = 5, n̄ = 0..50, 10000 "
+            "steps at constant lr 1e-3, best of 10 runs).",
+            "Gated models sit on a plateau (gates ≈ ½, risk ≈ that of ŷ = 0) for a random 200-900 of the quick "
+            "preset's 1000 steps before the gates open; a late escape leaves a run far from its optimum. About a "
+            "third of GLA-vector runs in panel d do so at the quick preset, hence the best-of-runs protocol.",
+            "Init (unspecified): N(0, 0.1²) entries plus 0.3·I on W_q, W_k, W_v (0.3·e_y on the head). From a plain "
+            "Gaussian init ~40 % of runs stall in a rank-one saddle (the value reads x, the key reads y).",
+            "GLA-wo learns w_g ≈ 0, i.e. every gate ½: its dotted curve is eq 37 at ω_j = 2^{j−n−1} [derived]. This "
+            "recency weighting puts GLA-wo BELOW LinAtt in panel a at small n̄ and makes it rise with n̄ in panels "
+            "c-d, so 'GLA-wo worst' and 'every curve decreases' are checked in panels b-d and for the other models.",
+            "Squares: restricted models (eq 20 weights, gates acting only on the contexts) trained with Adam on the "
+            "exact risk eq 37 (population engine): they meet eq 24 / eq 22 / Thm 5 to < 1 %.",
+        ],
+    )
+)
