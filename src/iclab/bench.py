@@ -11,6 +11,7 @@ import importlib
 BENCHMARKS = {
     "linattn": ("iclab.experiments.linattn._bench", "bench_linattn",
                 "Fig 4 setting (D=8, H=9, R=1, N=31, P=80000): sampled full-batch GD vs the moments engine"),
+    "mhsa": ("iclab.experiments.mhsa._bench", "bench_mhsa", "Fig 1 setting (H=I=3, d=30, L=100, batch 4096): SGD steps/s, full vs spectral model, 1 and 6 seeds"),
 }
 
 

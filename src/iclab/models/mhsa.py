@@ -42,11 +42,12 @@ def predict(params, X, Y, q, score: str = "softmax"):
     """Full H-head attention (eq 2.1). X: (P, d, L), Y: (P, d_y, L), q: (P, d) → ŷ_q (P, d_y)."""
     Z, zq = prompt_matrix(X, Y, q)
     d_e = params["K"].shape[1]
-    Qz = jnp.einsum("hed,pd->phe", params["Q"], zq)
-    KZ = jnp.einsum("hed,pdl->phel", params["K"], Z)
-    a = _activate(jnp.einsum("phel,phe->phl", KZ, Qz) / jnp.sqrt(d_e), score)
-    VZa = jnp.einsum("hed,pdl,phl->phe", params["V"], Z, a)
-    return jnp.einsum("hye,phe->py", params["O"], VZa)
+    # Contracted query first and tokens last: s = Zᵀ(Kᵀ(Q z_q))/√d_e and O(V(Z a)) cost
+    # O(P·H·(d_e·D + D·L)) instead of the O(P·H·d_e·D·L) of forming K Z (same function).
+    KQz = jnp.einsum("hed,hef,pf->phd", params["K"], params["Q"], zq, optimize=[(1, 2), (0, 1)])
+    a = _activate(jnp.einsum("phd,pdl->phl", KQz, Z) / jnp.sqrt(d_e).astype(Z.dtype), score)
+    Za = jnp.einsum("pdl,phl->phd", Z, a)
+    return jnp.einsum("hye,hed,phd->py", params["O"], params["V"], Za, optimize=[(1, 2), (0, 1)])
 
 
 def coordinate_values(values, d_i):
@@ -105,3 +106,26 @@ def read_spectral(params, d_i, Phi=None, Psi=None):
     edges = np.concatenate([[0], np.cumsum(d_i)])
     omega = jnp.stack([diag[:, a:b].mean(axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
     return {"omega": omega, "mu": jnp.diagonal(UY, axis1=1, axis2=2)[:, :len(d_i)]}
+
+
+def spectral_expected_loss(spec, X, q, d_i, lam, sigma2: float, score: str = "softmax"):
+    """E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (Φ = Ψ = I), G and ε integrated out (spec §5.5).
+
+    With a_i = Σ_h μ_i^(h) act(Xᵀ W_X^(h) q) ∈ R^L and X_(i) the rows J_i of X:
+        Σ_i (λ_i/d) ‖X_(i) a_i − q_(i)‖² + σ² ‖a_i‖²,
+    averaged over the P prompts (X, q): only X and q remain to sample. No ½ (spec A1).
+
+    Args:
+        spec: {"omega", "mu"} (H, I); X: (P, d, L); q: (P, d); d_i: (I,) block sizes; lam: (I,) λ_i;
+        sigma2: σ²; score: attention score function.
+    Returns:
+        scalar loss.
+    """
+    d = int(sum(d_i))
+    w = coordinate_values(spec["omega"], d_i)  # (H, d)
+    p = _activate(jnp.einsum("pdl,hd,pd->phl", X, w, q), score)
+    a = jnp.einsum("hi,phl->pil", spec["mu"], p)  # (P, I, L)
+    Xa = jnp.einsum("pdl,pdl->pd", X, coordinate_values(jnp.swapaxes(a, 1, 2), d_i).swapaxes(1, 2))
+    lam_coord = coordinate_values(jnp.asarray(lam, dtype=X.dtype), d_i)  # (d,)
+    bias = jnp.sum(lam_coord * (Xa - q) ** 2, axis=-1) / d
+    return jnp.mean(bias + sigma2 * jnp.sum(a**2, axis=(1, 2)))

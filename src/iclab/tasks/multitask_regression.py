@@ -112,7 +112,7 @@ def block_scales(ts: TaskStructure) -> np.ndarray:
 def sample_G(key: jax.Array, ts: TaskStructure, P: int) -> jax.Array:
     """P task matrices G = d^{-1/2} Φ blockdiag(g_i) Ψᵀ, g_i ~ N(0, λ_i I) (eq 2.4). Shape (P, d, d_y)."""
     S = jnp.asarray(block_scales(ts), dtype=ts.Phi.dtype)
-    core = jax.random.normal(key, (P, ts.d, ts.d_y), dtype=ts.Phi.dtype) * S / np.sqrt(ts.d)
+    core = jax.random.normal(key, (P, ts.d, ts.d_y), dtype=ts.Phi.dtype) * S / float(np.sqrt(ts.d))  # a Python float keeps the dtype
     return jnp.einsum("ab,pbc,dc->pad", ts.Phi, core, ts.Psi)
 
 

@@ -1,0 +1,101 @@
+"""Benchmark: training steps per second in the Fig 1 setting (H = I = 3, d = 30, L = 100, batch 4096).
+
+Two models, each one SGD step on a fresh batch per step, from the theory's init:
+
+- ``full``: the full H-head softmax attention (eq 2.1) on the ½-MSE of fresh prompts (X, Y, q), the
+  step :mod:`iclab.experiments.mhsa.fig1` trains with;
+- ``spectral``: the decomposable model's (ω̄, μ) on the ½ exact-expectation loss
+  (:func:`iclab.models.mhsa.spectral_expected_loss`: G and ε integrated out, fresh X and q per step),
+  parametrised directly by (ω̄, μ) (H·I numbers each): a speed comparison only, as GD on (ω̄, μ) is
+  not on the full model's time axis (that needs the balanced singular values, spec §5.1).
+
+Each is timed for 1 seed and for ``seeds`` seeds vmapped. A step is ``jax.grad`` of the loss on the
+batch drawn from fold_in(key, step), then ``params − lr·grad``: the arithmetic of the sampled
+engine's step. The loop is one jitted ``fori_loop``, compiled once and timed on a second call, so
+the numbers exclude compilation (reported separately).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+from iclab.experiments.mhsa import fig1
+from iclab.models import mhsa as models
+from iclab.tasks.multitask_regression import sample_prompts
+from iclab.theory import mhsa as theory
+
+
+def _steps_fn(loss, n_steps: int, lr: float, batched: bool):
+    def run(params, key):
+        def body(k, p):
+            g = jax.grad(loss)(p, jax.random.fold_in(key, k))
+            return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g)
+
+        return jax.lax.fori_loop(0, n_steps, body, params)
+
+    return jax.jit(jax.vmap(run) if batched else run)
+
+
+def _time(fn, params, keys) -> tuple[float, float]:
+    """(seconds of the first call, compile included; seconds of the second call)."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(params, keys))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(fn(params, jax.tree_util.tree_map(lambda k: k + 1, keys)))
+    return first, time.perf_counter() - start
+
+
+def bench_mhsa(batch: int = 4096, steps: int = 5, seeds: int = 6, dtype: str = "float32", lr: float = 1.0) -> dict:
+    """Steps per second of full and spectral training, 1 seed and ``seeds`` seeds vmapped.
+
+    Args:
+        batch: fresh prompts per step (Fig 1 setting: 4096).
+        steps: steps per timed call (the full model at batch 4096 costs ~1 s per step on 2 cores).
+        seeds: seeds of the vmapped runs.
+        dtype: float32 or float64 arithmetic.
+    Returns:
+        JSON-able dict: steps/s and seconds per step of each (model, seeds), compile+first-call
+        seconds, the setting, load and device.
+    """
+    load_before = os.getloadavg()
+    c = fig1.Fig1Config(batch=batch, dtype=dtype)
+    ts = fig1.task_family(c)
+    d_e = fig1.head_width(c)
+    w0, m0 = theory.initial_state(c.H, c.I, c.omega0, c.mu0, c.advantage)
+    spec0 = {"omega": jnp.asarray(w0, dtype), "mu": jnp.asarray(m0, dtype)}
+    full0 = fig1.initial_params(spec0, ts, d_e)
+
+    def full_loss(p, key):
+        return fig1.half_mse(p, sample_prompts(key, ts, c.L, batch))
+
+    def spectral_loss(s, key):
+        kx, kq = jax.random.split(key)
+        X = jax.random.normal(kx, (batch, ts.d, c.L), dtype)
+        q = jax.random.normal(kq, (batch, ts.d), dtype)
+        return 0.5 * models.spectral_expected_loss(s, X, q, ts.d_i, ts.lam, c.sigma**2)
+
+    out = {}
+    for name, loss, p0 in (("full", full_loss, full0), ("spectral", spectral_loss, spec0)):
+        for S in (1, seeds):
+            batched = S > 1
+            params = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (S,) + a.shape), p0) if batched else p0
+            keys = jax.random.split(jax.random.PRNGKey(0), S) if batched else jax.random.PRNGKey(0)
+            first, second = _time(_steps_fn(loss, steps, lr, batched), params, keys)
+            out[f"{name}_{S}_seed{'s' if S > 1 else ''}"] = {
+                "steps_per_s": steps / second, "s_per_step": second / steps,
+                "seed_steps_per_s": S * steps / second, "compile_and_first_call_s": first}
+    return {
+        "setting": f"mhsa Fig 1: H={c.H}, I={c.I}, d={ts.d}, L={c.L}, d_e={d_e}, batch={batch}, {dtype}, "
+                   f"SGD lr={lr}, fresh prompts per step; spectral = exact-expectation loss over G, eps",
+        **out,
+        "steps_timed_per_call": steps,
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "cpus": os.cpu_count(),
+        "device": str(jax.devices()[0]),
+        "note": "steps_per_s counts optimiser steps of the whole (vmapped) run; seed_steps_per_s multiplies by seeds",
+    }

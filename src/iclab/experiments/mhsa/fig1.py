@@ -1,0 +1,356 @@
+"""mhsa Fig 1: warm-up, emergence and convergence of multi-head softmax attention on I tasks.
+
+The full H-head model (eq 2.1: separate K, Q, V, O per head, no residual, mask or positions) is
+trained by gradient descent on fresh Gaussian minibatches of the multi-task regression (2.4) with
+the ½-MSE (2.6), from the theory's balanced decomposable initialisation (Def 3.1, Thm 3.3) in which
+head i has the largest initial μ on task i (h_i* = i). Recorded on t = Σ lr: the per-head, per-task
+read-outs ω̄_i^(h) (block means of diag ΦᵀW_X^(h)Φ) and μ_i^(h) (diagonal of ΨᵀU_Y^(h)Ψ), how far
+the weights are from decomposable, and the training loss. Theory (dashed): the reduced ODE of
+spec §5.2 from the same (ω̄, μ) on τ = 2t/d (spec A3), the convergence point (4.3) and GF-ICL (4.1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import model_validator
+
+from iclab.engines import sampled
+from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._plot import COLORS, THEORY_STYLE, figure, theory_levels
+from iclab.experiments._registry import Experiment, check_at_most, check_equal, check_rel, register
+from iclab.experiments.mhsa._common import PAPER, seed_keys
+from iclab.models import mhsa as models
+from iclab.tasks.multitask_regression import TaskStructure, homogeneous, sample_prompts, target_second_moment
+from iclab.theory import mhsa as theory
+
+TIME_LABEL = "t = Σ lr   (reduced time τ = 2t/d)"
+#: Names of the recorded decomposability defects (Def 3.1), each the largest over heads.
+DEFECTS = ("UX_over_UY", "WY_over_WX", "WX_offdiag", "UY_offdiag", "WX_block_spread")
+
+
+class Fig1Config(ExperimentConfig):
+    H: int = param(3, "heads H", paper=3, ge=1, le=64)
+    I: int = param(3, "homogeneous tasks I (d = I·d̄, d_y = I)", paper=3, ge=1, le=64)
+    d_bar: int = param(10, "task dimension d̄ = d_i", paper=10, paper_note="d = 30 with I = 3 homogeneous tasks",
+                       ge=1, le=1000)
+    L: int = param(100, "context length L", paper=100, ge=2, le=100_000)
+    lam: float = param(1.0, "signal λ_i of every task (Cov g_i = λ I)", paper=1.0, gt=0, le=1e3)
+    sigma: float = param(0.0, "label-noise standard deviation σ", paper=0.0, ge=0, le=1e3)
+    d_e: int | None = param(None, "head width d_e (≥ max(d, d_y)); null: d_e = d", paper=None,
+                            paper_note="unspecified for Fig 1; Fig 3 uses d_e = 30 = d and says it matches Fig 1",
+                            ge=1, le=10_000)
+    omega0: float = param(0.01, "initial ω̄ of every head and task (W_X^(h) = ω_0 I)", paper=None,
+                          paper_note="unspecified (spec A9); Fig 3 starts (3.4) at ω̄ = 0.01", gt=0, lt=1)
+    mu0: float = param(0.05, "initial μ_0 (U_Y^(h) = μ_0 I, favoured entries × (1 + advantage))", paper=None,
+                       paper_note="unspecified (spec A9)", gt=0, le=100)
+    advantage: float = param(0.5, "relative head advantage: μ_i^(i)(0) = μ_0(1 + advantage), h_i* = i", paper=None,
+                             paper_note="unspecified; the paper only says h_i* = i by initialisation", gt=0, le=100)
+    init_noise: float = param(0.0, "std of iid Gaussian noise added to every entry of K, Q, V, O at init", paper=None,
+                              paper_note="the theory's init is exactly decomposable (noise 0)", ge=0, le=1)
+    rotate: bool = param(False, "Haar-random Φ, Ψ (shared by the seeds), init rotated to match", paper=False,
+                         paper_note="Φ = Ψ = I without loss of generality (Sec 2.2)")
+    lr: float = param(1.0, "GD learning rate (plain SGD on the ½-MSE)", paper=None,
+                      paper_note="optimiser and lr unspecified (spec §4)", gt=0, le=100)
+    steps: int = param(1500, "GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
+    batch: int = param(4096, "fresh prompts per step", paper=None, paper_note="unspecified; spec: ≥ 4096",
+                       ge=1, le=1_000_000)
+    record_every: int = param(10, "record every this many steps", ge=1, le=1_000_000)
+    dtype: Literal["float32", "float64"] = param("float32", "training arithmetic (data, weights, gradients)")
+    eval_prompts: int = param(32_768, "fresh prompts of the Monte Carlo loss of the final weights and of (4.3)",
+                              ge=1024, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        if self.H < self.I:
+            raise ValueError(f"H must be >= I = {self.I} (got {self.H}): Fig 1's theory needs one head per task")
+        if self.d_e is not None and self.d_e < self.I * self.d_bar:
+            raise ValueError(f"d_e must be >= d = I·d_bar = {self.I * self.d_bar} (got {self.d_e})")
+        return self
+
+
+def task_family(config: Fig1Config) -> TaskStructure:
+    """Homogeneous tasks of Fig 1 in the training dtype; Φ, Ψ Haar-random if ``rotate``."""
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1_000_003) if config.rotate else None
+    ts = homogeneous(config.I, config.d_bar, config.lam, config.sigma, rotation_key=key)
+    dt = jnp.dtype(config.dtype)
+    return ts._replace(Phi=ts.Phi.astype(dt), Psi=ts.Psi.astype(dt))
+
+
+def head_width(config: Fig1Config) -> int:
+    return config.I * config.d_bar if config.d_e is None else config.d_e
+
+
+def initial_params(spec, ts: TaskStructure, d_e: int, noise: float = 0.0, key=None):
+    """Full weights with read-outs ``spec`` = {"omega", "mu"} (H, I) in the bases Φ, Ψ (Def 3.1).
+
+    The balanced form of :func:`iclab.models.mhsa.spectral_to_full` rotated to the task bases:
+    K_X, Q_X ← K_XΦᵀ, Q_XΦᵀ and V_Y ← V_YΨᵀ, O ← ΨO, so that W_X = Φ blockdiag(ω̄_i I)Φᵀ and
+    U_Y = Ψ diag(μ)Ψᵀ; then iid N(0, noise²) added to every entry (``key`` needed if noise > 0).
+    """
+    p = models.spectral_to_full(spec, ts.d_i, ts.d_y, d_e)
+    Phi, Psi = ts.Phi.astype(jnp.float64), ts.Psi.astype(jnp.float64)
+    rot_in = jax.scipy.linalg.block_diag(Phi, Psi).T  # acts on the token axis D = d + d_y
+    p = {"K": p["K"] @ rot_in, "Q": p["Q"] @ rot_in, "V": p["V"] @ rot_in,
+         "O": jnp.einsum("ab,hbe->hae", Psi, p["O"])}
+    if noise > 0:
+        ks = jax.random.split(key, 4)
+        p = {k: v + noise * jax.random.normal(kk, v.shape, v.dtype) for (k, v), kk in zip(sorted(p.items()), ks)}
+    return {k: v.astype(ts.Phi.dtype) for k, v in p.items()}
+
+
+def half_mse(params, prompts) -> jax.Array:
+    """Training loss (2.6): ½ mean over prompts of ‖ŷ_q − y_q‖²."""
+    err = models.predict(params, prompts.X, prompts.Y, prompts.q) - prompts.y_q
+    return 0.5 * jnp.mean(jnp.sum(err**2, axis=-1))
+
+
+def decomposability_defects(params, ts: TaskStructure) -> dict:
+    """How far full weights are from decomposable (Def 3.1), each the largest over heads.
+
+    ‖U_X‖/‖U_Y‖ and ‖W_Y‖/‖W_X‖ (condition (i)); relative Frobenius norms of the off-diagonal parts
+    of ΦᵀW_XΦ and ΨᵀU_YΨ (condition (ii)); relative spread of diag(ΦᵀW_XΦ) around its block means
+    over J_i (condition (iii)). All 0 for decomposable weights.
+    """
+    WX, WY, UX, UY = models.effective_matrices(params, ts.d)
+    WX = jnp.einsum("da,hde,eb->hab", ts.Phi, WX, ts.Phi)
+    UY = jnp.einsum("da,hde,eb->hab", ts.Psi, UY, ts.Psi)
+
+    def fro(a):
+        return jnp.sqrt(jnp.sum(a**2, axis=(-2, -1)))
+
+    def offdiag(a):
+        return fro(a - jnp.eye(a.shape[-1], dtype=a.dtype) * a)
+
+    diag = jnp.diagonal(WX, axis1=1, axis2=2)
+    means = models.coordinate_values(models.read_spectral(params, ts.d_i, ts.Phi, ts.Psi)["omega"], ts.d_i)
+    out = {"UX_over_UY": fro(UX) / fro(UY), "WY_over_WX": fro(WY) / fro(WX),
+           "WX_offdiag": offdiag(WX) / fro(WX), "UY_offdiag": offdiag(UY) / fro(UY),
+           "WX_block_spread": jnp.sqrt(jnp.sum((diag - means) ** 2, axis=-1)) / fro(WX)}
+    return {k: jnp.max(v) for k, v in out.items()}
+
+
+def mc_loss(params, ts: TaskStructure, L: int, key, n: int, chunk: int = 2048):
+    """E‖ŷ_q − y_q‖² (no ½) by Monte Carlo over n fresh prompts; returns (mean, standard error)."""
+    chunk = min(chunk, n)
+    n_chunks = max(n // chunk, 2)
+
+    def one(k):
+        pr = sample_prompts(k, ts, L, chunk)
+        return 2.0 * half_mse(params, pr)
+
+    vals = jax.lax.map(one, jax.random.split(key, n_chunks)).astype(jnp.float64)
+    return jnp.mean(vals), jnp.std(vals, ddof=1) / jnp.sqrt(n_chunks)
+
+
+def rise_time(t, y, level: float) -> float:
+    """First time y reaches ``level`` from below, linearly interpolated (NaN if never)."""
+    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    k = np.flatnonzero(y >= level)
+    if k.size == 0:
+        return float("nan")
+    k = int(k[0])
+    if k == 0:
+        return float(t[0])
+    return float(np.interp(level, y[k - 1:k + 1], t[k - 1:k + 1]))
+
+
+def run_fig1(config: Fig1Config, reporter) -> dict:
+    """Trains the full model for each seed (vmapped) and integrates the reduced ODE beside it."""
+    c = config
+    ts = task_family(c)
+    d, d_e = ts.d, head_width(c)
+    omega0, mu0 = theory.initial_state(c.H, c.I, c.omega0, c.mu0, c.advantage)
+    spec0 = {"omega": omega0, "mu": mu0}
+    keys = seed_keys(c.seed, c.seeds)
+    # Seed s: fold_in(key_s, 1) for the init noise, 2 for the training minibatches, 3 for evaluation.
+    params0 = jax.jit(jax.vmap(lambda k: initial_params(spec0, ts, d_e, c.init_noise, jax.random.fold_in(k, 1))))(keys)
+
+    def sampler(key, _aux):
+        return sample_prompts(key, ts, c.L, c.batch)
+
+    metrics = {"readout": lambda p, _a: models.read_spectral(p, ts.d_i, ts.Phi, ts.Psi),
+               "defects": lambda p, _a: decomposability_defects(p, ts)}
+    data_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
+    label = f"SGD, full {c.H}-head softmax attention (batch {c.batch}, {c.seeds} seeds)"
+    with reporter.task(label, c.steps) as cb:
+        tr = sampled.minibatch(half_mse, params0, sampler, data_keys, lr=c.lr, n_steps=c.steps,
+                               record_every=c.record_every, metrics=metrics, record_params=True, batched=True,
+                               callback=cb)
+    final = jax.tree_util.tree_map(lambda a: jnp.asarray(a[:, -1]), tr.params)
+
+    w_lim, m_lim = theory.limit_weights(ts.d_i, ts.lam, c.sigma**2, c.L, c.H, omega_off=c.omega0)
+    limit = initial_params({"omega": w_lim, "mu": m_lim}, ts, d_e)
+    eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 3))(keys)
+    with reporter.task(f"Monte Carlo loss ({c.eval_prompts} prompts per seed)", 2) as cb:
+        ev = jax.jit(jax.vmap(lambda p, k: mc_loss(p, ts, c.L, k, c.eval_prompts)))
+        final_loss, final_se = ev(final, eval_keys)
+        cb(1, {})
+        # Same prompts as the trained weights' (paired): the difference is free of most MC noise.
+        lim_loss, lim_se = ev(jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (c.seeds,) + a.shape), limit),
+                              eval_keys)
+        cb(2, {})
+
+    tau = 2.0 * np.asarray(tr.t) / d
+    ode = theory.solve_reduced_dynamics(omega0, mu0, tau, ts.d_i, ts.lam, c.sigma**2, c.L, d_e)
+    w_star, mu_star = theory.convergence_limit(ts.d_i, ts.lam, c.sigma**2, c.L)
+    out = {
+        "t": np.asarray(tr.t), "step": np.asarray(tr.step), "loss": np.asarray(tr.loss),
+        "omega": np.asarray(tr.metrics["readout"]["omega"]), "mu": np.asarray(tr.metrics["readout"]["mu"]),
+        "omega_init": omega0, "mu_init": mu0,
+        "ode_tau": tau, "ode_omega": ode.omega_bar, "ode_mu": ode.mu,
+        "omega_star": w_star, "mu_star": mu_star,
+        "gf_icl": np.float64(theory.gf_icl(ts.d_i, ts.lam, c.sigma**2, c.L)),
+        "zero_loss": np.float64(target_second_moment(ts)),
+        "final_loss": np.asarray(final_loss), "final_loss_se": np.asarray(final_se),
+        "limit_loss": np.asarray(lim_loss), "limit_loss_se": np.asarray(lim_se),
+    }
+    out.update({f"defect_{k}": np.asarray(v) for k, v in tr.metrics["defects"].items()})
+    return out
+
+
+def winners(mu_init) -> np.ndarray:
+    """The head favoured on each task at init, argmax_h μ_i^(h)(0). Returns (I,)."""
+    return np.argmax(np.asarray(mu_init), axis=0)
+
+
+def checks_fig1(config: Fig1Config, a: dict) -> list:
+    c = config
+    win = winners(a["mu_init"])  # (I,)
+    I = win.size
+    tasks = np.arange(I)
+    omega_end, mu_end = a["omega"][:, -1], a["mu"][:, -1]  # (S, H, I)
+    w_win, m_win = omega_end[:, win, tasks], mu_end[:, win, tasks]  # (S, I)
+    loser = np.ones(omega_end.shape[1:], bool)
+    loser[win, tasks] = False
+    final_argmax = np.argmax(omega_end, axis=1)  # (S, I)
+    n_wrong = int(np.sum(final_argmax != win[None]))
+    w_star, mu_star = a["omega_star"], a["mu_star"]
+    dec_i = max(float(np.max(a["defect_UX_over_UY"])), float(np.max(a["defect_WY_over_WX"])))
+    dec_ii = max(float(np.max(a["defect_WX_offdiag"])), float(np.max(a["defect_UY_offdiag"])),
+                 float(np.max(a["defect_WX_block_spread"])))
+    loss = float(np.mean(a["final_loss"]))
+    # Emergence: the winner's ω̄ reaches half its limit d_i^{-1/2}; simulation on t, ODE on τ = 2t/d.
+    t, tau = a["t"], a["ode_tau"]
+    t_sim = np.array([[rise_time(t, a["omega"][s, :, win[i], i], 0.5 * w_star[i]) for i in tasks]
+                      for s in range(a["omega"].shape[0])])
+    t_ode = np.array([rise_time(t, a["ode_omega"][:, win[i], i], 0.5 * w_star[i]) for i in tasks])
+    return [
+        check_at_most("decomposability (i): max ‖U_X‖/‖U_Y‖, ‖W_Y‖/‖W_X‖ over heads, records, seeds", dec_i, 1e-2,
+                      "spec C3: population GF keeps U_X = W_Y = 0 exactly; minibatch noise may break it by ≤ 1e-2"),
+        check_at_most("decomposability (ii)-(iii): max relative off-diagonal of ΦᵀW_XΦ, ΨᵀU_YΨ and spread of "
+                      "diag ΦᵀW_XΦ within blocks", dec_ii, 1e-2, "spec C3 ('nearly diagonal'), same 1e-2 as (i)"),
+        check_equal("task allocation: tasks whose final argmax_h ω̄_i^(h) ≠ initial argmax_h μ_i^(h) (all seeds)",
+                    n_wrong, 0, "spec C5 / Thm 3.3: each task is won by the head with the largest initial μ"),
+        check_at_most("losers: max ω̄_i^(h)/ω_0 over h ≠ h_i*", float(np.max(omega_end[:, loser]) / c.omega0), 2.0,
+                      "spec C5: non-optimal heads keep ω̄ = O(ω_0) (Thm 3.3(i))"),
+        check_at_most("losers: max |μ_i^(h)|/μ_i* over h ≠ h_i*",
+                      float(np.max((np.abs(mu_end) / m_win[:, None, :])[:, loser])), 1e-2,
+                      "spec C5: μ_i^(h) ≤ μ_i* e^{−Ω(√d_e)} (Thm 3.3(i))"),
+        check_at_most("winners converge to (4.3): max |ω̄_i*√d_i − 1| (tasks, seeds)",
+                      float(np.max(np.abs(w_win / w_star - 1))), 0.05, "spec C6: 5 %"),
+        check_at_most("winners converge to (4.3): max |μ_i*(1 + e d_iφ_i/L)/√d_i − 1| (tasks, seeds)",
+                      float(np.max(np.abs(m_win / mu_star - 1))), 0.05, "spec C6: 5 %"),
+        check_rel("converged loss E‖ŷ−y‖² (Monte Carlo, mean over seeds) vs GF-ICL (4.1)", loss, float(a["gf_icl"]),
+                  0.15, "spec C7: 15 % at L = 100; (4.1) drops O(L^{-(1-ε)/2}) terms, so the exact loss sits a few "
+                        "per cent above it (spec §9)"),
+        check_at_most("emergence time: max |t_sim/t_ODE − 1| at ω̄_i* = ½d_i^{-1/2}, ODE on t = (d/2)τ",
+                      float(np.max(np.abs(t_sim / t_ode[None] - 1))), 0.10,
+                      "spec C4: 10 %; the time factor d/2 is derived (spec A3), not fitted"),
+    ]
+
+
+def plot_fig1(config: Fig1Config, a: dict):
+    c = config
+    fig, axes = figure(ncols=4, width=4.0, height=3.4)
+    ax_w, ax_m, ax_l, ax_f = axes[0]
+    t = a["t"]
+    win = winners(a["mu_init"])
+    H, I = a["mu_init"].shape
+    seed = 0
+    for h in range(H):
+        for i in range(I):
+            star = win[i] == h
+            style = dict(color=COLORS[h], lw=1.6 if star else 0.8, alpha=1.0 if star else 0.6)
+            lab = f"head {h + 1}" if i == (list(win).index(h) if h in win else 0) else None
+            ax_w.plot(t, a["omega"][seed, :, h, i], label=lab, **style)
+            ax_m.plot(t, a["mu"][seed, :, h, i], label=lab, **style)
+            ax_w.plot(t, a["ode_omega"][:, h, i], color=COLORS[h], ls="--", lw=0.8)
+            ax_m.plot(t, a["ode_mu"][:, h, i], color=COLORS[h], ls="--", lw=0.8)
+    theory_levels(ax_w, [float(a["omega_star"][0])], ["d̄^{-1/2} (4.3)"])
+    theory_levels(ax_m, [float(a["mu_star"][0])], ["(4.3)"])
+    ax_w.set_ylabel("ω̄_i^(h)  (eigenvalue of W_X^(h))")
+    ax_m.set_ylabel("μ_i^(h)  (eigenvalue of U_Y^(h))")
+    ax_w.set_title("ω̄: thick = h_i*, thin = other heads; dashed = ODE", fontsize=8)
+    ax_m.set_title("μ: colour = head, all tasks", fontsize=8)
+    for s, curve in enumerate(np.atleast_2d(a["loss"])):
+        ax_l.plot(t, curve, color=COLORS[0], lw=1.0, alpha=0.8, label=f"{c.seeds} seeds" if s == 0 else None)
+    theory_levels(ax_l, [float(a["zero_loss"]) / 2, float(a["gf_icl"]) / 2], ["½E‖y‖² (ŷ = 0)", "½ GF-ICL (4.1)"])
+    ax_l.set_ylabel(f"training loss ½‖ŷ − y‖² (batch {c.batch})")
+    ax_l.set_yscale("log")
+    for ax in (ax_w, ax_m, ax_l):
+        ax.set_xlabel(TIME_LABEL, fontsize=8)
+    ax_w.legend(fontsize=7)
+    final = a["omega"][:, -1].mean(axis=0)  # (H, I)
+    width = 0.8 / H
+    for h in range(H):
+        ax_f.bar(np.arange(I) + (h - (H - 1) / 2) * width, final[h], width, color=COLORS[h], label=f"head {h + 1}")
+    ax_f.axhline(float(a["omega_star"][0]), **THEORY_STYLE)
+    ax_f.set_xticks(np.arange(I), [f"task {i + 1}" for i in range(I)])
+    ax_f.set_ylabel("final ω̄_i^(h)")
+    ax_f.legend(fontsize=7)
+    fig.suptitle(f"mhsa Fig 1: H = {H}, I = {I}, d = {I * c.d_bar}, L = {c.L}, λ = {c.lam:g}, σ = {c.sigma:g}, "
+                 f"d_e = {head_width(c)}; SGD lr {c.lr:g}, batch {c.batch}; final loss {np.mean(a['final_loss']):.4f} "
+                 f"vs GF-ICL {float(a['gf_icl']):.4f} (no ½)", fontsize=9)
+    return fig
+
+
+register(
+    Experiment(
+        id="mhsa.fig1",
+        title="Warm-up, emergence and convergence of multi-head softmax attention: one head per task",
+        paper=PAPER,
+        reference="Fig 1; Def 3.1, Thm 3.3, (4.1), (4.3); spec §5.2 reduced ODE",
+        config=Fig1Config,
+        presets={
+            "quick": {"batch": 1024, "lr": 2.0, "steps": 230, "omega0": 0.03, "mu0": 0.1,
+                      "eval_prompts": 4096},
+            "paper": {"lr": 1.0, "steps": 1000},
+        },
+        run=run_fig1,
+        checks=checks_fig1,
+        plot=plot_fig1,
+        notes=[
+            "Unspecified in the paper (spec A9), our choices: plain GD (SGD) with a constant lr on fresh Gaussian "
+            "minibatches (batch 4096 at `paper`), ½-MSE (2.6), float32 (the data, weights and gradients); d_e = d "
+            "(Fig 3's d_e = 30); Φ = Ψ = I; the theory's balanced decomposable init (Thm 3.3) with W_X^(h) = ω_0 I "
+            "and U_Y^(h) = μ_0 I, the entry (h = i, task i) raised by (1 + advantage) so that h_i* = i.",
+            "Time: t = Σ lr. The reduced ODE (spec §5.2, dashed) runs on τ = 2t/d, the factor derived for the ½-MSE "
+            "(spec A3; the paper's 't ← 2dt' is inconsistent); it is not fitted.",
+            "Loss values in the checks are E‖ŷ − y‖² without the ½ (the paper's (4.1) convention, spec A1); the "
+            "plotted training loss is the ½-MSE of the next minibatch. The converged loss is Monte Carlo over "
+            "`eval_prompts` fresh prompts; the same prompts give the loss of the (4.3) weights for comparison.",
+            "At d_i = 10, L = 100 the exact softmax loss is minimised within 0.2 % of (4.3) (ω̄√d_i ≈ 1.006, "
+            "μ ≈ 2.483, our Monte Carlo), but its value (≈ 0.233) sits ≈ 9 % above GF-ICL (4.1) = 0.214, the "
+            "O(L^{-(1-ε)/2}) terms (4.1) drops. At d_i = 6, L = 60 the optimum is 6 % off (4.3), so the quick "
+            "preset keeps the paper's d and L and shrinks the batch and the plateau (larger ω_0, μ_0) instead.",
+            "Finding: the (4.3) point is a saddle of the full-parameter loss. For fixed ω̄ at (4.3) the loss is "
+            "minimised by negative loser μ (≈ −0.69, loss 0.180 < 0.214 by E.24), which balanced GF cannot reach "
+            "(μ = σ(O)σ(V_Y) ≥ 0 while σ(O)² − σ(V_Y)² = 0 is conserved). Minibatch noise breaks the balance, and "
+            "after convergence the losers' μ grow negative exponentially (e-fold time ≈ 50 in t at batch 512). "
+            "The checks therefore look at the end of a run that stops when the ODE has nearly converged (τ ≈ 30 "
+            "quick, 67 paper), inside the window of Thm 3.3(iii); longer runs leave (4.3).",
+            "Decomposability under minibatch noise: the relative non-decomposable parts (U_X, W_Y, off-diagonal and "
+            "within-block spread of W_X) are noise-driven and scale like batch^{-1/2} (max 0.112/0.124 at batch "
+            "512, 0.084/0.086 at batch 1024 in the quick setting), so spec C3's 1e-2 needs batches of order 10⁵; "
+            "the checks keep spec C3's 1e-2 and fail at the batches we can afford.",
+        ],
+        runtime={"quick": "79 s on 2 cores at load average 3.6, 153 s at load 5.1 (measured, `iclab run`): 230 "
+                          "steps of batch 1024 (≈ 0.17 s each) plus compilation, evaluation and plotting",
+                 "paper": "estimate, not run here: 1000 steps × ≈ 0.7 s (batch 4096, float32, measured per-step "
+                          "cost on 2 shared cores) ≈ 12–14 min"},
+    )
+)
