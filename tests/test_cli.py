@@ -26,6 +26,23 @@ def test_list_json_names_fig1():
     assert "linattn.fig1" in ids
 
 
+def test_list_markdown_is_the_readme_table_in_natural_order():
+    r = iclab("list", "--markdown")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| `")]
+    ids = [row.split("`")[1] for row in rows]
+    from iclab.experiments import all_experiments
+
+    assert sorted(ids) == sorted(all_experiments())
+    linattn = [i for i in ids if i.startswith("linattn.")]
+    assert linattn.index("linattn.fig3") < linattn.index("linattn.fig10")
+    assert all(row.count(" | ") == 3 for row in rows)  # a "|" inside a title would split a cell
+    # the README's table is this output (kept in sync by hand when an experiment changes)
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    for row in rows:
+        assert row in readme, f"README's experiment table lacks or differs in: {row[:60]}"
+
+
 def test_show_prints_every_field_with_presets_and_paper_value():
     r = iclab("show", "linattn.fig1", "--json")
     assert r.returncode == 0, r.stderr

@@ -27,14 +27,22 @@ out = Console(highlight=False, soft_wrap=True)
 
 
 @app.command("list")
-def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON"),
+             markdown: bool = typer.Option(False, "--markdown", help="print the README's experiment table")) -> None:
     """List the registered experiments."""
     from iclab.experiments import all_experiments
 
     exps = all_experiments()
     if as_json:
         print(json.dumps([{"id": e.id, "paper": e.paper, "title": e.title, "reference": e.reference,
-                           "presets": list(e.presets)} for e in exps.values()], indent=2))
+                           "presets": list(e.presets), "runtime": e.runtime} for e in exps.values()], indent=2))
+        return
+    if markdown:
+        print("| id | reproduces | quick | paper |\n|---|---|---|---|")
+        for e in sorted(exps.values(), key=lambda e: _natural_key(e.id)):
+            cells = [f"`{e.id}`", f"{e.title} ({e.reference})".replace("|", "\\|"),
+                     e.runtime.get("quick", "not measured"), e.runtime.get("paper", "not measured")]
+            print("| " + " | ".join(cells) + " |")
         return
     table = Table("id", "paper", "title", "reproduces")
     for e in exps.values():
@@ -315,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(err.format_message())}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) else 0
+
+
+def _natural_key(exp_id: str) -> list:
+    """linattn.fig3 before linattn.fig10."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", exp_id)]
 
 
 def _one_line(text: str) -> str:

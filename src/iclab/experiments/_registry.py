@@ -142,5 +142,17 @@ def all_experiments() -> dict[str, Experiment]:
 
 
 def get_experiment(exp_id: str) -> Experiment:
-    """The experiment with this id; KeyError if none."""
+    """The experiment with this id; KeyError if none.
+
+    Ids are ``paper.name``: importing the paper's package alone registers it, which keeps a
+    reused run from importing every other paper's modules (and their dependencies)."""
+    paper = exp_id.partition(".")[0]
+    if exp_id not in _REGISTRY and paper.isidentifier() and not paper.startswith("_"):
+        try:
+            importlib.import_module(f"iclab.experiments.{paper}")
+        except ModuleNotFoundError as err:
+            if err.name != f"iclab.experiments.{paper}":
+                raise
+    if exp_id in _REGISTRY:
+        return _REGISTRY[exp_id]
     return all_experiments()[exp_id]

@@ -196,8 +196,6 @@ register(
             "quick: restricted weights (init std 0.03), evaluated exactly (theory.drift.restricted_error), cosine lr, "
             "200 × 250 prompts, 500 filtered sequences per γ (standard error of the filters' errors ≈ 1 %).",
         ],
-        runtime={"quick": "70 s wall, 37 s CPU (measured on the 2-core machine under a concurrent load average of ~6)",
-                 "paper": "not run: 10,000 filtered sequences per γ and 2000 steps × 5000 prompts of qkv GLA, "
-                          "estimated 30-60 min on 2 cores"},
+        runtime={"quick": "43 s", "paper": "not run (estimated 30-60 min)"},
     )
 )

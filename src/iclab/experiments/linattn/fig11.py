@@ -102,6 +102,7 @@ register(
         run=run_fig11,
         checks=checks_fig11,
         plot=plot_fig11,
+        runtime={"quick": "29 s", "paper": "50 s (load 6)"},
         notes=[
             "The Fig 3 setup (w_init = 0.06, P = 80000, lr 0.197, 50k steps, λ = (.4, .3, .2, .1)) with H = 5 heads "
             "of rank R = 2, 3, 4 as in the caption.",

@@ -95,6 +95,7 @@ register(
         run=run_fig13,
         checks=checks_fig13,
         plot=plot_fig13,
+        runtime={"quick": "31 s", "paper": "78 s (load 6)"},
         notes=[
             "The Fig 3 setup (H = 4, w_init = 0.06, P = 80000, lr 0.197, 50k steps) with λ = (.35, .35, .15, .15). "
             "The paper's four panels differ in R without saying which; ranks is a config field (default 1-4).",

@@ -302,6 +302,7 @@ register(
         run=run_fig14,
         checks=checks_fig14,
         plot=plot_fig14,
+        runtime={"quick": "33 s", "paper": "35 s (load 4)"},
         notes=[
             "Model: full-matrix ATTN_M (every block trainable, v⃗_i = u_i = 0 only at init): with a fixed task the "
             "zero blocks get gradients (eq 90) and carry the in-weight prediction, so the reduced eq-M model is not "

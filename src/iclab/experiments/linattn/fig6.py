@@ -316,6 +316,7 @@ register(
         run=run_fig6,
         checks=checks_fig6,
         plot=plot_fig6,
+        runtime={"quick": "43 s", "paper": "16 min (load 6)"},
         notes=[
             "Dynamics: population gradient flow (eq 5, exact expected loss, τ = 1 on t = Σ lr) with log-spaced records: "
             "the ATTN_S plateaus grow as 1/w_init, beyond what GD steps at the figures' lr can cover. GD at small lr "

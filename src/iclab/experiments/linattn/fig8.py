@@ -175,6 +175,7 @@ register(
         run=run_fig8,
         checks=checks_fig8,
         plot=plot_fig8,
+        runtime={"quick": "16 s", "paper": "33 s (load 6)"},
         notes=[
             "The caption fixes N = 127, trΛ = 1 and λ_d ∝ 1/d; every other setting is 'labeled at the top of each "
             "panel' of a figure we cannot read off, so ours are documented config fields: D = 8, two ATTN_M panels "

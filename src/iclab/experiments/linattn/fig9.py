@@ -197,6 +197,7 @@ register(
         run=run_fig9,
         checks=checks_fig9,
         plot=plot_fig9,
+        runtime={"quick": "29 s", "paper": "43 s (load 6)"},
         notes=[
             "The Fig 1 setting (linattn.fig1's defaults) re-run with the weights recorded: sampled ATTN_M and the MLP "
             "(the figure), the exact population run (the tight direction checks), and population GD at lr/2 for the "

@@ -111,6 +111,7 @@ register(
         run=run_fig4,
         checks=checks_fig4,
         plot=plot_fig4,
+        runtime={"quick": "9 s", "paper": "20 s (load 4)"},
         notes=[
             "H values of panel (a) and the d̄/L range are unspecified in the paper.",
             "The solid black curve is the asymptotic Bayes risk by Marchenko–Pastur quadrature; (4.6) is its first-order form in d̄/L.",
