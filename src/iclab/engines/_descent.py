@@ -41,7 +41,6 @@ def descend(
     record_params: bool = False,
     batched: bool = False,
     callback: Callback | None = None,
-    unroll: int = 1,
 ) -> Trajectory:
     """Runs n_steps of ``optimizer(learning_rate=lr)`` on ``objective(params, state)``.
 
@@ -79,8 +78,7 @@ def descend(
         n_seeds = jax.tree_util.tree_leaves(params0)[0].shape[0]
         key = jax.random.split(key, n_seeds)
     state0 = (jax.vmap(init) if batched else init)(params0, aux, key)
-    steps, obs, _ = run_loop(step_fn, observe, state0, n_steps, record_every, batched=batched, callback=callback,
-                             unroll=unroll)
+    steps, obs, _ = run_loop(step_fn, observe, state0, n_steps, record_every, batched=batched, callback=callback)
     t = obs.pop("t")
     loss = obs.pop("loss")
     params = obs.pop("params", None)

@@ -99,7 +99,6 @@ def run_loop(
     batched: bool = False,
     callback: Callback | None = None,
     records_per_chunk: int = 64,
-    unroll: int = 1,
 ):
     """Runs ``step_fn`` n_steps times and returns (records, final state).
 
@@ -112,9 +111,6 @@ def run_loop(
         batched: vmap step and observe over a leading seed axis.
         callback: called on the host after each chunk with (step, last observation).
         records_per_chunk: records computed per jitted call.
-        unroll: steps per iteration of the compiled step loop. When a step is only a few µs of
-            arithmetic (the moments engine), the loop's own per-iteration cost dominates, and
-            unrolling removes most of it; the arithmetic of each step is the same.
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).
     """
@@ -124,7 +120,7 @@ def run_loop(
     gaps = np.diff(steps)
 
     def advance(state, n):
-        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state, unroll=max(1, min(unroll, n)))
+        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state)
 
     @jax.jit
     def chunk_equal(state, n_records_dummy):
