@@ -111,6 +111,9 @@ class TrainConfig(TaskConfig):
         0.3, "identity added to the init of W_q, W_k, W_v (and init_identity·e_y to a head h)", paper=None,
         paper_note="unspecified; 0 is a plain Gaussian init, from which about 40 % of runs stall in a rank-one "
         "saddle (value reads x, key reads y) — the paper's best-of-10 protocol absorbs that", ge=0, le=10)
+    clip_norm: float = param(
+        0.0, "clip each model's gradient to this Euclidean norm before Adam (0: no clipping)", paper=None,
+        paper_note="unspecified; every model (kind, panel, n̄) of a seed is clipped by its own norm", ge=0, le=1e6)
     dtype: Literal["float32", "float64"] = param("float32", "training dtype (evaluation is float64)", paper=None,
                                                  paper_note="unspecified (PyTorch default float32)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
@@ -311,6 +314,24 @@ def _tokens(prompts, contexts, n_bar: int, n_max: int, config: TaskConfig, need:
     return out
 
 
+def clip_per_model(max_norm: float, lead: int) -> optax.GradientTransformation:
+    """Scales each model's gradient to norm ≤ max_norm. Updates are a dict kind -> pytree whose leaves share
+    ``lead`` leading axes (panel, n̄ in ``train_models``), one model per index: the loss is a sum of
+    independent models, and one global norm would couple them."""
+
+    def clip(tree):
+        leaves = jax.tree_util.tree_leaves(tree)
+        sq = sum(jnp.sum(g.reshape(g.shape[:lead] + (-1,)) ** 2, axis=-1) for g in leaves)
+        factor = jnp.minimum(1.0, max_norm / jnp.maximum(jnp.sqrt(sq), 1e-30))
+        return jax.tree_util.tree_map(lambda g: g * factor.reshape(factor.shape + (1,) * (g.ndim - lead)).astype(
+            g.dtype), tree)
+
+    def update(updates, state, params=None):
+        return {kind: clip(tree) for kind, tree in updates.items()}, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def train_models(config: TrainConfig, models: dict, panels, reporter, label: str = "train", tag: int = 0):
     """Trains one model per (kind, panel, n̄) for every seed, jointly (module docstring).
 
@@ -363,9 +384,13 @@ def train_models(config: TrainConfig, models: dict, panels, reporter, label: str
 
     aux = {"contexts": contexts}
     data_keys = jax.vmap(lambda k: jax.random.fold_in(k, 20 + tag))(keys)
+    optimizer = optax.adam
+    if config.clip_norm > 0:
+        def optimizer(learning_rate):
+            return optax.chain(clip_per_model(config.clip_norm, lead=2), optax.adam(learning_rate))
     with reporter.task(label, config.steps) as cb:
         tr = sampled.minibatch(loss_fn, params0, sampler, data_keys, aux, lr=config.schedule(), n_steps=config.steps,
-                               optimizer=optax.adam, record_every=config.record_every, batched=True,
+                               optimizer=optimizer, record_every=config.record_every, batched=True,
                                record_params=True, callback=cb)
     final = jax.tree_util.tree_map(lambda a: np.asarray(a[:, -1], dtype=np.float64), tr.params)
     return tr._replace(params=None), final

@@ -1,0 +1,127 @@
+"""Benchmark: Adam training steps per second of one-layer GLA in the Fig 1a setting at n̄ = 50.
+
+Setting: (r₁, r₂) = (0, 1), d = 10, p = 5, K = 2 blocks of n̄ = 50 samples with delimiters, so T = 103
+tokens of width D = 16; scalar sigmoid gating; batch 256 fresh prompts per step; float32.
+
+Two forms of the same model, each inside the same training step (sample a fresh batch, ``jax.grad`` of
+the mean squared error, an Adam update):
+
+- ``fast``: :func:`iclab.models.gla.predict` with ``form="last"``, the form the experiments train with:
+  the query's output o_T = Σ_j w_j v_j (k_jᵀ q_T), O(T·D) per prompt for scalar gates;
+- ``recurrent``: the direct per-token recurrence S_i = g_i S_{i−1} + v_i k_iᵀ, o_i = S_i q_i
+  (:func:`iclab.models.gla.recurrent`, a ``lax.scan`` over the T tokens with a D×D state), read at the
+  query.
+
+Each is timed for 1 seed and for ``seeds`` seeds vmapped. The loop is one jitted ``fori_loop``,
+compiled once and timed on a second call (compilation reported separately). Before timing, the two
+forms' losses and gradients at the init are compared (they are one model).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclab.experiments.gating._common import K, fast_key
+from iclab.models import gla
+from iclab.tasks import multitask as mt
+
+
+def _loss_fn(form: str, n_bar: int, d: int, contexts, batch: int, dtype):
+    factor = jnp.asarray(mt.two_task_factor(0.0, 1.0), dtype)
+
+    def loss(params, key):
+        pr = mt.sample_blocks(fast_key(key), batch, [n_bar] * K, factor, None, 0.0, d=d, dtype=dtype)
+        Z = gla.delimiter_prompt(pr.x, pr.y, pr.x_query, [n_bar] * K, contexts, query_context=0)[0]
+        return jnp.mean((gla.predict(params, Z, None, label=d, form=form) - pr.y_query) ** 2)
+
+    return loss
+
+
+def _steps_fn(loss, n_steps: int, lr: float, batched: bool):
+    opt = optax.adam(lr)
+
+    def run(params, key):
+        def body(k, carry):
+            p, s = carry
+            g = jax.grad(loss)(p, jax.random.fold_in(key, k))
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s
+
+        return jax.lax.fori_loop(0, n_steps, body, (params, opt.init(params)))[0]
+
+    return jax.jit(jax.vmap(run) if batched else run)
+
+
+def _time(fn, params, keys) -> tuple[float, float]:
+    """(seconds of the first call, compile included; seconds of the second call)."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(params, keys))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(fn(params, jax.tree_util.tree_map(lambda k: k + 1, keys)))
+    return first, time.perf_counter() - start
+
+
+def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, seeds: int = 10, steps: int = 20,
+                 lr: float = 1e-3) -> dict:
+    """Steps per second of the fast and the recurrent form, 1 seed and ``seeds`` seeds vmapped.
+
+    Args:
+        n_bar: samples per task (the figure's largest, 50).
+        d, p: input and context dimensions (the paper's 10 and 5).
+        batch: fresh prompts per step (the paper's 256).
+        seeds: seeds of the vmapped runs.
+        steps: steps per timed call.
+    Returns:
+        JSON-able dict: steps/s and seconds per step of each (form, seeds), their ratio, compile+first-call
+        seconds, the largest relative difference of loss and gradient between the forms, load and device.
+    """
+    load_before = os.getloadavg()
+    dtype = jnp.float32
+    D = d + 1 + p
+    rng = np.random.default_rng(0)
+    contexts = jnp.asarray(rng.standard_normal((K + 1, p)), dtype)
+    params0 = gla.init_params(jax.random.PRNGKey(0), D, "scalar", std=0.1, dtype=dtype)
+    params0 = {k: v + 0.3 * jnp.eye(D, dtype=dtype) if k in ("Wq", "Wk", "Wv") else v for k, v in params0.items()}
+
+    losses = {form: _loss_fn(form, n_bar, d, contexts, batch, dtype) for form in ("last", "recurrent")}
+    # one model: the same loss and gradient from both forms (float32: agreement to rounding)
+    key = jax.random.PRNGKey(1)
+    (l_f, g_f), (l_r, g_r) = (jax.jit(jax.value_and_grad(losses[f]))(params0, key) for f in ("last", "recurrent"))
+    grad_rel = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+                   for a, b in zip(jax.tree_util.tree_leaves(g_f), jax.tree_util.tree_leaves(g_r)))
+
+    out = {}
+    for name, form in (("fast", "last"), ("recurrent", "recurrent")):
+        for S in (1, seeds):
+            batched = S > 1
+            params = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (S,) + a.shape), params0) if batched \
+                else params0
+            keys = jax.random.split(jax.random.PRNGKey(0), S) if batched else jax.random.PRNGKey(0)
+            first, second = _time(_steps_fn(losses[form], steps, lr, batched), params, keys)
+            out[f"{name}_{S}_seed{'s' if S > 1 else ''}"] = {
+                "steps_per_s": steps / second, "s_per_step": second / steps,
+                "seed_steps_per_s": S * steps / second, "compile_and_first_call_s": first}
+    ratios = {f"speedup_{S}_seed{'s' if S > 1 else ''}":
+              out[f"fast_{S}_seed{'s' if S > 1 else ''}"]["steps_per_s"]
+              / out[f"recurrent_{S}_seed{'s' if S > 1 else ''}"]["steps_per_s"] for S in (1, seeds)}
+    return {
+        "setting": f"gating Fig 1a: (r1, r2) = (0, 1), d={d}, p={p}, n̄={n_bar} (T={2 * n_bar + K + 1}, D={D}), "
+                   f"scalar gating, batch={batch}, float32, Adam lr={lr}, fresh prompts per step",
+        **out,
+        **ratios,
+        "loss_rel_diff": float(abs(l_f - l_r) / abs(l_r)),
+        "grad_max_rel_diff": grad_rel,
+        "steps_timed_per_call": steps,
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "cpus": os.cpu_count(),
+        "device": str(jax.devices()[0]),
+        "note": "steps_per_s counts optimiser steps of the whole (vmapped) run; seed_steps_per_s multiplies by "
+                "seeds; speedup = fast / recurrent steps per second",
+    }
