@@ -34,6 +34,9 @@ Errata handled here (spec §5, A4-A7):
 * Lemma C.8 prints ‖p‖₄⁴ in the second Stein moment; the identity holds with ‖p‖₂⁴ (spec §5.6).
 * Thm 4.4's prior g_i ~ N(0, λ/d·I) conflicts with (2.4); (2.4) is used (Cov g_i = λ_i I), so the
   regression vector g_i/√d has covariance (λ/d) I and the posterior mean is ridge with penalty σ²d/λ.
+* (5.4) bounds the error of the nonlinear-transfer prediction by O(L^{-2(1-ε)}). Its proof (F.2) drops
+  E[‖p‖² | q] as O(L^{-2(1-ε)}), but Lemma B.2 makes E‖p‖² ≈ e^{‖Wq‖²}/L: the error is of order
+  e^{‖q‖²/d}/L for |α| ≥ 1 (``softmax_derivative_sum``, ``nonlinear_transfer_mean`` keep it exactly).
 * Digest (not paper) numbers for Fig 6 at L = 10⁴: E‖p‖² = .0054/.018/.048 at r = 2/2.5/3 disagree
   with exact quadrature (``softmax_collision``: .00451/.01896/.05304) and with direct sampling; the
   exponential approximation e^{r²}/L is within 2 % only up to r ≈ 1.5 (17 % high at r = 2).
@@ -501,17 +504,18 @@ def gf_icl(d_i, lam, sigma2, L):
     return float(per_task_optimal_loss(d_i, lam, sigma2, L).sum())
 
 
-def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
-    """Loss of the (4.3) weights trained at L, tested at L̃ (leading order of (5.2), Prop 5.1).
+def length_generalization_task_losses(d_i, lam, sigma2, L_train, L_test):
+    """Per-task loss of the (4.3) weights trained at L, tested at L̃ (leading order of (5.2), Prop 5.1).
 
-    Σ_i (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃
-    (= ã/(1+ã) + (a−ã)²/((1+a)²(1+ã)): intrinsic term at L̃ plus a quadratic mismatch; spec §5.7,
-    derived from E.7; (5.2) itself prints the intrinsic term at L).
+    L_i(L̃) = (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃
+    (= ã/(1+ã) + (a−ã)²/((1+a)²(1+ã)): the intrinsic term (4.4) at L̃ plus a quadratic mismatch;
+    spec §5.7, derived from E.7 with W_X at (4.3), which does not depend on L, and μ_i at its
+    length-L value; (5.2) itself prints the intrinsic term at L, the text and F.1 have L̃).
 
     Args:
         d_i: (I,); lam: (I,); sigma2: σ²; L_train: training length L; L_test: test length L̃.
     Returns:
-        float loss (no ½).
+        (I,) array of losses (no ½); a task with λ_i = 0 contributes 0.
     """
     d_i, lam = _task_arrays(d_i, lam)
     d = d_i.sum()
@@ -519,7 +523,20 @@ def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.where(lam > 0, base / (lam * L_train), 0.0)
         at = np.where(lam > 0, base / (lam * L_test), 0.0)
-    return float(np.sum((lam * d_i / d) * (a**2 + at) / (1.0 + a) ** 2))
+    return (lam * d_i / d) * (a**2 + at) / (1.0 + a) ** 2
+
+
+def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
+    """Loss of the (4.3) weights trained at L, tested at L̃ (leading order of (5.2), Prop 5.1).
+
+    Σ_i (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², the sum of ``length_generalization_task_losses``.
+
+    Args:
+        d_i: (I,); lam: (I,); sigma2: σ²; L_train: training length L; L_test: test length L̃.
+    Returns:
+        float loss (no ½).
+    """
+    return float(np.sum(length_generalization_task_losses(d_i, lam, sigma2, L_train, L_test)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1095,7 +1112,8 @@ def nonlinear_transfer_prediction(coeffs, alphas, q, mu):
         coeffs: (K,) Hermite coefficients f̂_α; alphas: (K, d) multi-indices; q: (..., d) queries;
         mu: output scale μ.
     Returns:
-        (...) predictions; error O(L^{-2(1-ε)}) with high probability over q.
+        (...) predictions. (5.4) states the error as O(L^{-2(1-ε)}) with high probability over q; it is
+        of order e^{‖q‖²/d}/L for |α| ≥ 1 (``nonlinear_transfer_mean`` keeps it; |α| = 0 is exact).
     """
     alphas = np.asarray(alphas, dtype=int)
     coeffs = np.asarray(coeffs, dtype=float)
@@ -1103,3 +1121,60 @@ def nonlinear_transfer_prediction(coeffs, alphas, q, mu):
     d = alphas.shape[1]
     mono = np.prod(q[..., None, :] ** alphas, axis=-1)
     return mu * mono @ (coeffs * float(d) ** (-0.5 * alphas.sum(axis=1)))
+
+
+@lru_cache(maxsize=16)
+def softmax_self_derivative_coefficients(k):
+    """Coefficients c_j with ∂^k p_l/∂s_l^k = Σ_j c_j p_l^j for p = softmax(s) (App. F.2, proof of Lemma 5.2).
+
+    From ∂p_l/∂s_l = p_l(1 − p_l): P_0(p) = p, P_{k+1}(p) = P_k'(p)·(p − p²). P_1 = p − p²,
+    P_2 = p − 3p² + 2p³. c_1 = 1 for every k, so Σ_l P_k(p_l) = 1 + O(‖p‖²).
+
+    Args:
+        k: derivative order ≥ 0.
+    Returns:
+        tuple (c_0, …, c_{k+1}) of floats (c_0 = 0).
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0 (got {k})")
+    P = np.array([0.0, 1.0])
+    for _ in range(int(k)):
+        P = np.polynomial.polynomial.polymul(np.polynomial.polynomial.polyder(P), [0.0, 1.0, -1.0])
+    return tuple(float(c) for c in P)
+
+
+def softmax_derivative_sum(p, k):
+    """D_k = Σ_l ∂^k p_l/∂s_l^k = Σ_j c_j ‖p‖_j^j (App. F.2): D_0 = 1, D_1 = 1 − ‖p‖²,
+    D_2 = 1 − 3‖p‖² + 2‖p‖₃³.
+
+    F.2 replaces E[D_k | q] by 1; the neglected part is −(2^k − 1)·E‖p‖² + … ≈ −(2^k − 1)e^{‖Wq‖²}/L
+    (c_2 = −(2^k − 1); Lemma B.2), of order 1/L, not the O(L^{-2(1-ε)}) that (5.4) states.
+
+    Args:
+        p: (..., L) attention probabilities; k: derivative order ≥ 0.
+    Returns:
+        (...) array D_k.
+    """
+    c = softmax_self_derivative_coefficients(k)
+    xp = jnp if isinstance(p, jax.Array) else np
+    return sum(cj * xp.sum(p**j, axis=-1) for j, cj in enumerate(c) if j > 0 and cj != 0.0)
+
+
+def nonlinear_transfer_mean(coeffs, alphas, q, omega_bar, mu, D):
+    """Exact E[ŷ_q | q] of one head with W_X = ω̄ I_d, U_Y = μ on y = f(x) + ε, f = Σ_α f̂_α He_α (App. F.2):
+
+    E[Σ_l He_α(x_l) p_l | q] = (ω̄q)^α E[D_{|α|} | q] (Stein's lemma |α| times; D_k of
+    ``softmax_derivative_sum``), so E[ŷ_q | q] = μ Σ_α f̂_α (ω̄q)^α E[D_{|α|} | q]. With D = 1 and
+    ω̄ = d^{-1/2} this is (5.4), ``nonlinear_transfer_prediction``.
+
+    Args:
+        coeffs: (K,) f̂_α; alphas: (K, d) multi-indices; q: (..., d) queries; omega_bar: ω̄; mu: μ;
+        D: (..., K) E[D_{|α_k|} | q] per term (per-sample D_k give per-sample terms with that mean).
+    Returns:
+        (...) array.
+    """
+    alphas = np.asarray(alphas, dtype=int)
+    coeffs = np.asarray(coeffs, dtype=float)
+    q = np.asarray(q, dtype=float)
+    mono = np.prod((omega_bar * q[..., None, :]) ** alphas, axis=-1)  # (..., K)
+    return mu * np.sum(coeffs * mono * np.asarray(D, dtype=float), axis=-1)

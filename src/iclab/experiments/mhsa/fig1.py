@@ -11,7 +11,7 @@ spec §5.2 from the same (ω̄, μ) on τ = 2t/d (spec A3), the convergence poin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,17 +133,29 @@ def decomposability_defects(params, ts: TaskStructure) -> dict:
     return {k: jnp.max(v) for k, v in out.items()}
 
 
-def mc_loss(params, ts: TaskStructure, L: int, key, n: int, chunk: int = 2048):
-    """E‖ŷ_q − y_q‖² (no ½) by Monte Carlo over n fresh prompts; returns (mean, standard error)."""
+def mc_task_errors(params, ts: TaskStructure, L: int, key, n: int, chunk: int = 2048):
+    """Per-task squared errors ((Ψᵀ(ŷ_q − y_q))_j², j over the d_y outputs in the task basis), each
+    averaged over a chunk of fresh prompts of length L: (n_chunks, d_y) float64, n_chunks = max(n // chunk, 2).
+    Their sum over j is ‖ŷ_q − y_q‖² (no ½); chunk means give the Monte Carlo standard errors.
+    ``params`` may be a tuple of M weight sets, evaluated on the same prompts: then (M, n_chunks, d_y)."""
     chunk = min(chunk, n)
     n_chunks = max(n // chunk, 2)
+    many = isinstance(params, tuple)
 
     def one(k):
         pr = sample_prompts(k, ts, L, chunk)
-        return 2.0 * half_mse(params, pr)
+        errs = [(models.predict(p, pr.X, pr.Y, pr.q) - pr.y_q) @ ts.Psi for p in (params if many else (params,))]
+        out = jnp.stack([jnp.mean(e**2, axis=0) for e in errs])
+        return out if many else out[0]
 
     vals = jax.lax.map(one, jax.random.split(key, n_chunks)).astype(jnp.float64)
-    return jnp.mean(vals), jnp.std(vals, ddof=1) / jnp.sqrt(n_chunks)
+    return jnp.moveaxis(vals, 0, 1) if many else vals
+
+
+def mc_loss(params, ts: TaskStructure, L: int, key, n: int, chunk: int = 2048):
+    """E‖ŷ_q − y_q‖² (no ½) by Monte Carlo over n fresh prompts; returns (mean, standard error)."""
+    vals = jnp.sum(mc_task_errors(params, ts, L, key, n, chunk), axis=-1)
+    return jnp.mean(vals), jnp.std(vals, ddof=1) / jnp.sqrt(vals.shape[0])
 
 
 def rise_time(t, y, level: float) -> float:
@@ -158,15 +170,34 @@ def rise_time(t, y, level: float) -> float:
     return float(np.interp(level, y[k - 1:k + 1], t[k - 1:k + 1]))
 
 
-def run_fig1(config: Fig1Config, reporter) -> dict:
-    """Trains the full model for each seed (vmapped) and integrates the reduced ODE beside it."""
+class Fig1Training(NamedTuple):
+    """What :func:`train_fig1` returns: the task family ``ts``, head width ``d_e``, the initial read-outs
+    ``omega_init``/``mu_init`` (H, I), the per-seed keys (S, 2), the trajectory of the engine and the
+    final full weights ``final`` (each leaf with a leading seed axis S)."""
+
+    ts: TaskStructure
+    d_e: int
+    omega_init: np.ndarray
+    mu_init: np.ndarray
+    keys: jax.Array
+    trajectory: object
+    final: dict
+
+
+def train_fig1(config: Fig1Config, reporter, lr=None) -> Fig1Training:
+    """Trains the full model by SGD on fresh minibatches for each seed (vmapped), from the theory's init.
+
+    Seed s uses fold_in(key_s, 1) for the init noise and 2 for the training minibatches (3 is left
+    for evaluation). Records the read-outs (ω̄, μ) and the decomposability defects every
+    ``record_every`` steps, on t = Σ lr. ``lr``: a schedule step -> lr replacing ``config.lr``
+    (None: the constant ``config.lr``).
+    """
     c = config
     ts = task_family(c)
-    d, d_e = ts.d, head_width(c)
+    d_e = head_width(c)
     omega0, mu0 = theory.initial_state(c.H, c.I, c.omega0, c.mu0, c.advantage)
     spec0 = {"omega": omega0, "mu": mu0}
     keys = seed_keys(c.seed, c.seeds)
-    # Seed s: fold_in(key_s, 1) for the init noise, 2 for the training minibatches, 3 for evaluation.
     params0 = jax.jit(jax.vmap(lambda k: initial_params(spec0, ts, d_e, c.init_noise, jax.random.fold_in(k, 1))))(keys)
 
     def sampler(key, _aux):
@@ -177,10 +208,18 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
     data_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
     label = f"SGD, full {c.H}-head softmax attention (batch {c.batch}, {c.seeds} seeds)"
     with reporter.task(label, c.steps) as cb:
-        tr = sampled.minibatch(half_mse, params0, sampler, data_keys, lr=c.lr, n_steps=c.steps,
+        tr = sampled.minibatch(half_mse, params0, sampler, data_keys, lr=c.lr if lr is None else lr, n_steps=c.steps,
                                record_every=c.record_every, metrics=metrics, record_params=True, batched=True,
                                callback=cb)
     final = jax.tree_util.tree_map(lambda a: jnp.asarray(a[:, -1]), tr.params)
+    return Fig1Training(ts, d_e, omega0, mu0, keys, tr, final)
+
+
+def run_fig1(config: Fig1Config, reporter) -> dict:
+    """Trains the full model for each seed (vmapped) and integrates the reduced ODE beside it."""
+    c = config
+    ts, d_e, omega0, mu0, keys, tr, final = train_fig1(c, reporter)
+    d = ts.d
 
     w_lim, m_lim = theory.limit_weights(ts.d_i, ts.lam, c.sigma**2, c.L, c.H, omega_off=c.omega0)
     limit = initial_params({"omega": w_lim, "mu": m_lim}, ts, d_e)

@@ -31,18 +31,27 @@ class Fig5Config(ExperimentConfig):
     mc_n: int = param(400, "Monte Carlo draws per point", ge=20, le=1_000_000)
 
 
+def loss_curves(r, I: int, lam: float, sigma2: float, penalties=(), d_bar: int = 100) -> dict:
+    """Fig 5's curves against r = d̄/L (homogeneous tasks; they depend on d̄/L only, d̄ sets the scale).
+
+    Returns {"r", "penalties", "ridge" (P, R) MP ridge risk per penalty b, "mmse" (4.6), "bayes_mp" (MP Bayes
+    risk), "gf" GF-ICL (Table 1, H ≥ I), "opts" OptS-ICL (H = 1)}, every loss without ½.
+    """
+    r = np.asarray(r, dtype=float)
+    d = I * d_bar
+    L = d_bar / r
+    ridge = np.array([[sum(theory.ridge_variance_bias_mp(rk, I, lam, sigma2, b)) for rk in r] for b in penalties])
+    return {"r": r, "ridge": ridge.reshape(len(penalties), r.size), "penalties": np.asarray(penalties, dtype=float),
+            "mmse": np.array([theory.mmse_table(d, Lk, I, lam, sigma2) for Lk in L]),
+            "bayes_mp": np.array([theory.bayes_risk_mp(rk, I, lam, sigma2) for rk in r]),
+            "gf": np.array([theory.gf_icl_table(d, Lk, I, lam, sigma2) for Lk in L]),
+            "opts": np.array([theory.opts_icl_table(d, Lk, I, lam, sigma2) for Lk in L])}
+
+
 def run_fig5(config: Fig5Config, reporter) -> dict:
     I, lam, s2 = config.I, config.lam, config.sigma2
     r = np.geomspace(config.r_min, config.r_max, config.n_r)
-    d_bar = 100
-    d = I * d_bar
-    L = d_bar / r
-    ridge = np.array([[sum(theory.ridge_variance_bias_mp(rk, I, lam, s2, b)) for rk in r] for b in config.penalties])
-    out = {"r": r, "ridge": ridge, "penalties": np.asarray(config.penalties),
-           "mmse": np.array([theory.mmse_table(d, Lk, I, lam, s2) for Lk in L]),
-           "bayes_mp": np.array([theory.bayes_risk_mp(rk, I, lam, s2) for rk in r]),
-           "gf": np.array([theory.gf_icl_table(d, Lk, I, lam, s2) for Lk in L]),
-           "opts": np.array([theory.opts_icl_table(d, Lk, I, lam, s2) for Lk in L])}
+    out = loss_curves(r, I, lam, s2, config.penalties)
     b_small = min(config.penalties)
     mc_r = np.asarray(config.mc_r, dtype=float)
     mc = np.zeros((mc_r.size, 2))
