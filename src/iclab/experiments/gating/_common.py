@@ -116,6 +116,12 @@ class TrainConfig(TaskConfig):
         paper_note="unspecified; every model (kind, panel, n̄) of a seed is clipped by its own norm", ge=0, le=1e6)
     dtype: Literal["float32", "float64"] = param("float32", "training dtype (evaluation is float64)", paper=None,
                                                  paper_note="unspecified (PyTorch default float32)")
+    nbar_layout: Literal["separate", "padded"] = param(
+        "separate", "how the models of different n̄ see their prompts: one token tensor per n̄ (arithmetic Σ_n̄ "
+        "T(n̄), a traced graph per n̄), or one tensor at the largest n̄ with token masks, vmapped over n̄ "
+        "(arithmetic G·T(n̄_max), one small graph); both give the same models", paper=None,
+        paper_note="implementation choice: 'padded' for long n̄ grids (the paper's 51 values), whose separate "
+        "graphs take longer to compile than to run")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound)", ge=1, le=1_000_000)
@@ -362,10 +368,16 @@ def train_models(config: TrainConfig, models: dict, panels, reporter, label: str
                for j, (name, (spec, idx)) in enumerate(models.items())}
     params0 = {name: add_identity(p, config.init_identity, d) for name, p in params0.items()}
 
+    padded = config.nbar_layout == "padded"
+    masks = {"delim": jnp.asarray(token_masks(n_max, n_bars, True), dt),
+             "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt)}
+
     def sampler(key, aux):
         key = fast_key(key)
         pr = jax.vmap(lambda L: mt.sample_blocks(key, config.batch, [n_max] * K, L, None, sigma, d=d, dtype=dt))(factors)
-        # one token tensor per n̄ (no padding: the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
+        if padded:  # one token tensor at n̄_max; the models of smaller n̄ mask the first samples of each block
+            return {"tokens": _tokens(pr, aux["contexts"], n_max, n_max, config, need), "y": pr.y_query}
+        # one token tensor per n̄ (the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}
 
     def loss_fn(params, batch):
@@ -374,9 +386,15 @@ def train_models(config: TrainConfig, models: dict, panels, reporter, label: str
             fmt = "delim" if spec.delimiters else "plain"
             sel = jnp.asarray(idx)
 
-            def one(p, Z, y, spec=spec):
-                return jnp.mean((spec_predict(spec, p, Z, None, d) - y) ** 2)
+            def one(p, Z, y, mask=None, spec=spec):
+                return jnp.mean((spec_predict(spec, p, Z, mask, d) - y) ** 2)
 
+            if padded:
+                per_nbar = jax.vmap(one, in_axes=(0, None, None, 0))  # params (G, ...), masks (G, T)
+                per_panel = jax.vmap(per_nbar, in_axes=(0, 0, 0, None))
+                total = total + jnp.sum(per_panel(params[name], batch["tokens"][fmt][sel], batch["y"][sel],
+                                                  masks[fmt]))
+                continue
             for g in range(G):
                 p_g = jax.tree_util.tree_map(lambda a: a[:, g], params[name])
                 total = total + jnp.sum(jax.vmap(one)(p_g, batch["tokens"][g][fmt][sel], batch["y"][sel]))
@@ -417,6 +435,8 @@ def evaluate(config: TrainConfig, models: dict, params: dict, panels, refs: dict
     sigma = float(np.sqrt(config.sigma2))
     need = {"delim" if spec.delimiters else "plain" for spec, _ in models.values()}
     smask = jnp.asarray(sample_masks(n_max, n_bars))
+    tmasks = {"delim": jnp.asarray(token_masks(n_max, n_bars, True)),
+              "plain": jnp.asarray(token_masks(n_max, n_bars, False))}
     contexts = sample_contexts(config)
     keys = seed_keys(config)
     factors = panel_factors(panels)
@@ -426,14 +446,23 @@ def evaluate(config: TrainConfig, models: dict, params: dict, panels, refs: dict
     def chunk(params_panel, ctx, key, factor, ref_P, ref_w):
         pr = mt.sample_blocks(fast_key(key), config.eval_chunk, [n_max] * K, factor, None, sigma, d=d)
         errs = {name: [] for name in params_panel}
-        for g, nb in enumerate(n_bars):
-            toks = _tokens(pr, ctx, nb, n_max, config, need)
+        if config.nbar_layout == "padded":
+            toks = _tokens(pr, ctx, n_max, n_max, config, need)
             for name, p in params_panel.items():
                 spec = models[name.split("#")[0]][0]
-                p_g = jax.tree_util.tree_map(lambda a: a[g], p)
-                errs[name].append((spec_predict(spec, p_g, toks["delim" if spec.delimiters else "plain"], None, d)
-                                   - pr.y_query) ** 2)
-        errs = {name: jnp.stack(v) for name, v in errs.items()}  # (G, N)
+                fmt = "delim" if spec.delimiters else "plain"
+                pred = jax.vmap(lambda p_g, m, spec=spec, fmt=fmt: spec_predict(spec, p_g, toks[fmt], m, d))(
+                    p, tmasks[fmt])
+                errs[name] = (pred - pr.y_query) ** 2
+        else:
+            for g, nb in enumerate(n_bars):
+                toks = _tokens(pr, ctx, nb, n_max, config, need)
+                for name, p in params_panel.items():
+                    spec = models[name.split("#")[0]][0]
+                    p_g = jax.tree_util.tree_map(lambda a: a[g], p)
+                    errs[name].append((spec_predict(spec, p_g, toks["delim" if spec.delimiters else "plain"], None,
+                                                    d) - pr.y_query) ** 2)
+            errs = {name: jnp.stack(v) for name, v in errs.items()}  # (G, N)
         for cls in ref_P:  # the padded layout: ω = 0 on the samples a model does not see
             pred = jax.vmap(lambda P, w: wpgd_predict(P, w, pr.x, pr.y, pr.x_query))(ref_P[cls], ref_w[cls] * smask)
             errs["ref_" + cls] = (pred - pr.y_query) ** 2

@@ -275,7 +275,7 @@ register(
             "quick": {"d": 5, "p": 5, "n_bars": [0, 2, 5, 10], "vector_panels": ["d"], "restarts": 3, "steps": 1000,
                       "lr": 0.01, "lr_schedule": "cosine", "seeds": 2, "n_eval": 4096, "restricted_steps": 800,
                       "record_every": 100},
-            "paper": {"seeds": 10},
+            "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
         runtime={"quick": "109 s", "paper": "not run (4 panels × 4 models × 51 n̄ × 10 runs × 10 000 Adam steps)"},
         run=run_fig1,

@@ -137,7 +137,7 @@ register(
         presets={
             "quick": {"d": 5, "p": 5, "n_bars": [0, 5, 10], "steps": 1000, "lr": 0.01, "lr_schedule": "cosine",
                       "seeds": 2, "n_eval": 4096, "record_every": 100},
-            "paper": {"seeds": 10},
+            "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
         runtime={"quick": "111 s under load 3 (to be re-measured idle)",
                  "paper": "not run (3 depths × 51 n̄ × 10 runs × 10 000 Adam steps)"},
