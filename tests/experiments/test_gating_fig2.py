@@ -103,9 +103,10 @@ def test_plot_of_synthetic_results(config):
     assert fig.axes[0].get_yscale() == "log" and len(fig.axes[0].lines) == 5
 
 
+@pytest.mark.slow  # ~17 s on 2 cores, nearly all XLA compilation (two layouts × train + evaluate)
 def test_padded_nbar_layout_trains_and_evaluates_the_same_models_as_separate_prompts():
-    # float64 so that the two layouts agree to rounding: masked tokens carry v = 0 and gate 1 exactly
-    # one multi-layer kind: every layer reads the mask; compile time dominates (~20 s on 2 cores)
+    # float64 so that the two layouts agree to rounding: masked tokens carry v = 0 and gate 1 exactly;
+    # one multi-layer kind: every layer reads the mask
     base = dict(d=2, p=3, n_bars=[0, 1, 3], steps=4, lr=0.05, batch=8, seeds=1, n_eval=128, eval_chunk=128,
                 record_every=2, dtype="float64", layers=[2], clip_norm=0.5)
     models = {"gla_2": (fig2._spec(2), (0,))}
