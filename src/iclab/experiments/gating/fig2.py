@@ -135,11 +135,11 @@ register(
         reference="Fig 2, App B.2; eq 25, Thm 6; eq 17",
         config=Fig2Config,
         presets={
-            "quick": {"d": 5, "p": 5, "n_bars": [0, 4, 8], "steps": 1000, "lr": 0.01, "lr_schedule": "cosine",
+            "quick": {"d": 5, "p": 5, "n_bars": [0, 4, 8], "steps": 700, "lr": 0.01, "lr_schedule": "cosine",
                       "seeds": 2, "n_eval": 4096, "record_every": 100},
             "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
-        runtime={"quick": "69-70 s under load 1.7 (base seeds 0 and 1, both 4/4; the issue's 60 s needs an idle machine)",
+        runtime={"quick": "54-55 s idle (base seeds 0 and 1, both 4/4)",
                  "paper": "not run: by gating.fig1's measured paper cost (15 s per step for 6630 one-layer "
                  "models) about a day on 2 cores (1530 models of 1-3 layers, 10 000 steps); a GPU job"},
         run=run_fig2,
@@ -161,7 +161,7 @@ register(
             "Best of 2 seeds at quick (the paper: best of 10 runs): a single seed can fail (base seed 1 alone: "
             "its 3-layer model ends 35× above the 2-layer one), while the best of 2 passed for base seeds 0 and 1.",
             "Risk: best seed of the control-variate estimate against the eq 17 optimal predictor (gating._common).",
-            "quick: d = 5, n̄ ∈ {0, 4, 8}, 1000 steps at lr 0.01 with cosine decay, best of 2 seeds, 4096 test "
+            "quick: d = 5, n̄ ∈ {0, 4, 8}, 700 steps at lr 0.01 with cosine decay, best of 2 seeds, 4096 test "
             "prompts (paper: d = 10, p = 5, n̄ = 0..50, 10000 steps at constant lr 1e-3, best of 10 runs).",
         ],
     )
