@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,ray,parquet]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,ray,parquet,llm]'
 	touch $(STAMP)
 
 install: $(STAMP)

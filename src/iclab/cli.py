@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from iclab.bench import BENCHMARKS
-from iclab.launch import UserError, experiment_or_error, parse_assignment, run_experiment
+from iclab.launch import UserError, experiment_or_error, parse_assignment, path_overrides, run_experiment
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="iclab: reproduce and check the theory of in-context learning in attention models.")
@@ -91,6 +91,10 @@ def run_cmd(
     checkpoint_every: Optional[int] = typer.Option(
         None, "--checkpoint-every", help="checkpoint every K chunks of each engine loop (default $ICLAB_CHECKPOINT_EVERY, "
         "else every 60 s; 0: off)"),
+    model_path: Optional[Path] = typer.Option(None, "--model-path", help="local pretrained model folder "
+                                              "(experiments with a model_path field: drift.gpt2)"),
+    data_path: Optional[Path] = typer.Option(None, "--data-path", help="local dataset folder (experiments with a "
+                                             "data_path field: drift.gpt2)"),
 ) -> None:
     """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
 
@@ -99,6 +103,7 @@ def run_cmd(
     from iclab.progress import default_reporter
 
     overrides = dict(parse_assignment(a) for a in assignments or [])
+    overrides.update(path_overrides(experiment, model_path=model_path, data_path=data_path))
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
                             reporter=default_reporter(), checkpoint_every=checkpoint_every,
                             on_wait=lambda: print("another process is computing this run: waiting for it",

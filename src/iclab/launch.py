@@ -77,6 +77,22 @@ def experiment_or_error(exp_id: str):
         raise UserError(f"unknown experiment {exp_id!r}; known: {known}") from None
 
 
+def path_overrides(exp_id: str, **paths) -> dict:
+    """Config overrides from path options (``--model-path``, ``--data-path``): each given one must
+    name a field of the experiment's config (UserError otherwise)."""
+    given = {k: str(v) for k, v in paths.items() if v is not None}
+    if not given:
+        return {}
+    exp = experiment_or_error(exp_id)
+    for key in given:
+        if key not in exp.config.model_fields:
+            flag = "--" + key.replace("_", "-")
+            users = sorted(e.id for e in all_experiments().values() if key in e.config.model_fields)
+            raise UserError(f"{flag} applies only to experiments with a {key} field ({', '.join(users) or 'none'}); "
+                            f"{exp_id} has none")
+    return given
+
+
 def parse_assignment(text: str) -> tuple[str, object]:
     """``key=value`` with the value read as JSON when it parses (numbers, lists, null, true),
     as a comma-separated list when it has commas, else as a string."""
@@ -142,9 +158,15 @@ def resolve_config(exp_id: str, preset: str = "quick", overrides: dict | None = 
     if seeds is not None:
         overrides["seeds"] = seeds
     try:
-        return exp, exp.resolve(preset, overrides)
+        config = exp.resolve(preset, overrides)
     except ValidationError as err:
         raise UserError(f"{exp_id}: {describe_validation_error(err, exp.config)}") from None
+    if exp.preflight is not None:
+        try:
+            exp.preflight(config)
+        except ValueError as err:
+            raise UserError(f"{exp_id}: {err}") from None
+    return exp, config
 
 
 def checkpoint_settings(every: int | None = None, seconds: float | None = None) -> tuple[int | None, float | None]:

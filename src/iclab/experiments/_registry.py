@@ -64,6 +64,12 @@ def check_at_most(name: str, measured, bound: float, note: str = "") -> Check:
     return Check(name, measured, float(bound), 0.0, bool(measured <= bound), "le", note)
 
 
+def check_at_least(name: str, measured, bound: float, note: str = "") -> Check:
+    """measured ≥ bound (e.g. a z-score that must be large)."""
+    measured = float(measured)
+    return Check(name, measured, float(bound), 0.0, bool(measured >= bound), "ge", note)
+
+
 def check_equal(name: str, measured, expected, note: str = "") -> Check:
     """measured == expected exactly (counts)."""
     return Check(name, float(measured), float(expected), 0.0, bool(measured == expected), "eq", note)
@@ -85,6 +91,9 @@ class Experiment:
         runtime: measured runtime per preset on the 2-core reference machine.
         grid: the figure's own sweep, field -> values, run by ``iclab sweep EXP`` when no
             ``--grid`` is given (optional).
+        preflight: ``preflight(config)`` raises ValueError (one line) when what the run needs
+            outside the config is missing (local model weights, data files); called before
+            anything is stored (optional).
     """
 
     id: str
@@ -99,6 +108,7 @@ class Experiment:
     notes: list[str] = field(default_factory=list)
     runtime: dict[str, str] = field(default_factory=dict)
     grid: dict[str, list] | None = None
+    preflight: Callable | None = None
 
     def resolve(self, preset: str, overrides: dict | None = None) -> ExperimentConfig:
         """The config of a preset with field overrides applied (validated)."""

@@ -14,7 +14,7 @@ from pydantic import field_validator, model_validator
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Check, Experiment, check_abs, register
+from iclab.experiments._registry import Experiment, check_abs, check_at_least, register
 from iclab.experiments.linattn._common import (
     PAPER, CovarianceConfig, Statistics, covariances, prompt_statistics, seed_keys, train,
 )
@@ -161,12 +161,6 @@ def _se_mean_y2(eigenvalues, P: int) -> float:
     """Standard error of mean(y_q²) over P prompts: Var y² = 3(2 trΛ² + (trΛ)²) − (trΛ)² (y | w Gaussian)."""
     lam = np.asarray(eigenvalues, dtype=float)
     return float(np.sqrt((3.0 * (2.0 * np.sum(lam**2) + lam.sum() ** 2) - lam.sum() ** 2) / P))
-
-
-def check_at_least(name: str, measured, bound: float, note: str = "") -> Check:
-    """measured ≥ bound."""
-    measured = float(measured)
-    return Check(name, measured, float(bound), 0.0, bool(measured >= bound), "ge", note)
 
 
 def _fmt(values) -> str:

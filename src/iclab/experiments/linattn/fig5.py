@@ -7,7 +7,7 @@ import numpy as np
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Check, Experiment, check_at_most, check_equal, register
+from iclab.experiments._registry import Experiment, check_at_least, check_at_most, check_equal, register
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, seed_keys, train
 
 
@@ -48,12 +48,6 @@ def run_fig5(config: Fig5Config, reporter) -> dict:
                    label=f"{model} (P = {config.P}, {config.seeds} seeds)")
         out[f"t_{name}"], out[f"step_{name}"], out[f"loss_{name}"] = tr.t, tr.step, tr.loss
     return out
-
-
-def check_at_least(name: str, measured, bound: float, note: str = "") -> Check:
-    """measured ≥ bound."""
-    measured = float(measured)
-    return Check(name, measured, float(bound), 0.0, bool(measured >= bound), "ge", note)
 
 
 def drops_per_seed(t, losses) -> list[int]:
