@@ -20,13 +20,13 @@ forms' losses and gradients at the init are compared (they are one model).
 from __future__ import annotations
 
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclab.experiments._timing import steps_fn, time_first_and_second_call
 from iclab.experiments.gating._common import K, fast_key
 from iclab.models import gla
 from iclab.tasks import multitask as mt
@@ -41,31 +41,6 @@ def _loss_fn(form: str, n_bar: int, d: int, contexts, batch: int, dtype):
         return jnp.mean((gla.predict(params, Z, None, label=d, form=form) - pr.y_query) ** 2)
 
     return loss
-
-
-def _steps_fn(loss, n_steps: int, lr: float, batched: bool):
-    opt = optax.adam(lr)
-
-    def run(params, key):
-        def body(k, carry):
-            p, s = carry
-            g = jax.grad(loss)(p, jax.random.fold_in(key, k))
-            u, s = opt.update(g, s, p)
-            return optax.apply_updates(p, u), s
-
-        return jax.lax.fori_loop(0, n_steps, body, (params, opt.init(params)))[0]
-
-    return jax.jit(jax.vmap(run) if batched else run)
-
-
-def _time(fn, params, keys) -> tuple[float, float]:
-    """(seconds of the first call, compile included; seconds of the second call)."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn(params, keys))
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.block_until_ready(fn(params, jax.tree_util.tree_map(lambda k: k + 1, keys)))
-    return first, time.perf_counter() - start
 
 
 def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, seeds: int = 10, steps: int = 20,
@@ -104,7 +79,8 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
             params = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (S,) + a.shape), params0) if batched \
                 else params0
             keys = jax.random.split(jax.random.PRNGKey(0), S) if batched else jax.random.PRNGKey(0)
-            first, second = _time(_steps_fn(losses[form], steps, lr, batched), params, keys)
+            run = steps_fn(losses[form], steps, optax.adam(lr), batched)
+            first, second = time_first_and_second_call(run, params, keys)
             out[f"{name}_{S}_seed{'s' if S > 1 else ''}"] = {
                 "steps_per_s": steps / second, "s_per_step": second / steps,
                 "seed_steps_per_s": S * steps / second, "compile_and_first_call_s": first}

@@ -18,36 +18,16 @@ the numbers exclude compilation (reported separately).
 from __future__ import annotations
 
 import os
-import time
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from iclab.experiments._timing import steps_fn, time_first_and_second_call
 from iclab.experiments.mhsa import fig1
 from iclab.models import mhsa as models
 from iclab.tasks.multitask_regression import sample_prompts
 from iclab.theory import mhsa as theory
-
-
-def _steps_fn(loss, n_steps: int, lr: float, batched: bool):
-    def run(params, key):
-        def body(k, p):
-            g = jax.grad(loss)(p, jax.random.fold_in(key, k))
-            return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g)
-
-        return jax.lax.fori_loop(0, n_steps, body, params)
-
-    return jax.jit(jax.vmap(run) if batched else run)
-
-
-def _time(fn, params, keys) -> tuple[float, float]:
-    """(seconds of the first call, compile included; seconds of the second call)."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn(params, keys))
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.block_until_ready(fn(params, jax.tree_util.tree_map(lambda k: k + 1, keys)))
-    return first, time.perf_counter() - start
 
 
 def bench_mhsa(batch: int = 4096, steps: int = 5, seeds: int = 6, dtype: str = "float32", lr: float = 1.0) -> dict:
@@ -85,7 +65,7 @@ def bench_mhsa(batch: int = 4096, steps: int = 5, seeds: int = 6, dtype: str = "
             batched = S > 1
             params = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (S,) + a.shape), p0) if batched else p0
             keys = jax.random.split(jax.random.PRNGKey(0), S) if batched else jax.random.PRNGKey(0)
-            first, second = _time(_steps_fn(loss, steps, lr, batched), params, keys)
+            first, second = time_first_and_second_call(steps_fn(loss, steps, optax.sgd(lr), batched), params, keys)
             out[f"{name}_{S}_seed{'s' if S > 1 else ''}"] = {
                 "steps_per_s": steps / second, "s_per_step": second / steps,
                 "seed_steps_per_s": S * steps / second, "compile_and_first_call_s": first}
