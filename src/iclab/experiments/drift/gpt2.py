@@ -61,7 +61,7 @@ DOWNLOAD_DATA = ("put GLUE {task} there, e.g. on a machine with internet `datase
 class Gpt2Config(ExperimentConfig):
     model_path: str | None = param(None, "folder of a pretrained GPT-2 (save_pretrained) with its tokenizer "
                                    "(also --model-path)", paper="GPT-2 small (117M)", paper_note="not on this machine")
-    data_path: str | None = param(None, "folder with sst2/ and mnli/ GLUE data (also --data-path); see the module doc",
+    data_path: str | None = param(None, "folder with sst2/ and mnli/ GLUE data (also --data-path); layout in the notes",
                                   paper="SST-2 and MNLI", paper_note="not on this machine")
     tasks: list[Task] = param(["sst2", "mnli"], "tasks run: sst2 (Fig 3a-b), mnli (Fig 3c-d)", paper=["sst2", "mnli"])
     lambdas: list[float | list[float]] = param(
@@ -479,6 +479,10 @@ register(
             "Needs the optional extra (pip install -e '.[llm]': torch 2.13.0, transformers), a pretrained GPT-2 "
             "folder (--model-path) and the GLUE data (--data-path, layout in the module docstring); nothing is "
             "downloaded. A missing path is a one-line error saying what to download and where to put it.",
+            "Data layout: DATA/sst2/{train,validation}.jsonl ({\"sentence\", \"label\"}) or GLUE's train.tsv/dev.tsv; "
+            "DATA/mnli/{train,validation_matched}.jsonl ({\"premise\", \"hypothesis\", \"label\"}: 0 entailment, "
+            "1 neutral, 2 contradiction) or GLUE's train.tsv/dev_matched.tsv. The model folder is a "
+            "save_pretrained GPT-2 with its tokenizer files.",
             "The paper's settings: AdamW lr 5e-5, weight decay 0.05, β1 0.9, 1000 iterations, 20 (SST-2) / 10 (MNLI) "
             "demonstrations at fine-tuning, evaluation at k ∈ {1, 5, 10, 15, 20} / {1, 3, 5, 7, 10}; confidence over "
             "correct predictions only. Our choices (all config fields): the templates and label words (TEMPLATES), "
