@@ -9,9 +9,7 @@ from iclab.launch import run_experiment
 # run under `make test-slow` (and through `iclab run`); the headline linattn.fig1's quick preset
 # runs in the default suite through the CLI (tests/test_cli.py).
 # Known failures, kept visible: strict xfail flags the day one starts passing.
-KNOWN_FAILURES = {
-    "mhsa.fig1": "decomposability residue 0.08 from minibatch noise (shrinks as batch^-1/2) vs the spec's 1e-2 (C3)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 EXPERIMENTS = [pytest.param(e, marks=[pytest.mark.slow]
                             + ([pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[e])] if e in KNOWN_FAILURES else []))
                for e in sorted(all_experiments())]

@@ -7,6 +7,11 @@ head i has the largest initial μ on task i (h_i* = i). Recorded on t = Σ lr: t
 read-outs ω̄_i^(h) (block means of diag ΦᵀW_X^(h)Φ) and μ_i^(h) (diagonal of ΨᵀU_Y^(h)Ψ), how far
 the weights are from decomposable, and the training loss. Theory (dashed): the reduced ODE of
 spec §5.2 from the same (ω̄, μ) on τ = 2t/d (spec A3), the convergence point (4.3) and GF-ICL (4.1).
+
+Beside it (spec A10): the spectral model (dotted), the decomposable weights' balanced factors trained by
+the same GD on the exact-expectation loss, on which the time factor c of t = c·τ is fitted (spec C4);
+and a companion full-model run at batch B/k from which the decomposability residue is extrapolated to
+population GF, r(B) = a B^{-1/2} + b (spec C3).
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class Fig1Config(ExperimentConfig):
     dtype: Literal["float32", "float64"] = param("float32", "training arithmetic (data, weights, gradients)")
     eval_prompts: int = param(32_768, "fresh prompts of the Monte Carlo loss of the final weights and of (4.3)",
                               ge=1024, le=10_000_000)
+    companion_batch_divisor: int = param(4, "k: a second full-model run at batch // k extrapolates the "
+                                            "decomposability residue to infinite batch (spec C3)", paper=None,
+                                         paper_note="our device: the paper reports no residue", ge=2, le=1024)
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -69,6 +77,9 @@ class Fig1Config(ExperimentConfig):
             raise ValueError(f"H must be >= I = {self.I} (got {self.H}): Fig 1's theory needs one head per task")
         if self.d_e is not None and self.d_e < self.I * self.d_bar:
             raise ValueError(f"d_e must be >= d = I·d_bar = {self.I * self.d_bar} (got {self.d_e})")
+        if self.batch // self.companion_batch_divisor < 1:
+            raise ValueError(f"batch // companion_batch_divisor must be >= 1 (got {self.batch} // "
+                             f"{self.companion_batch_divisor})")
         return self
 
 
@@ -170,10 +181,49 @@ def rise_time(t, y, level: float) -> float:
     return float(np.interp(level, y[k - 1:k + 1], t[k - 1:k + 1]))
 
 
+def spectral_factors(spec, d_i, d_e: int) -> dict:
+    """Balanced per-(head, task) coordinates of the decomposable weights (spec §5.1, A10(b)).
+
+    In :func:`iclab.models.mhsa.spectral_to_full` the block J_i of K_X (and of Q_X) is s_i I_{d_i} with
+    s_i = (√d_e ω̄_i)^{1/2}, and V_Y, Oᵀ carry √μ_i on output i. A full GD step moves each diagonal
+    entry j ∈ J_i of K_X by −lr ∂L/∂K_jj, and the population gradient is the same on the whole block
+    (Prop C.1, spec §5.1), so the block moves by the mean −lr (1/d_i) Σ_{j∈J_i} ∂L/∂K_jj. With L written
+    as a function of one shared s_i, ∂L/∂s_i = Σ_{j∈J_i} ∂L/∂K_jj: the full step is s_i ← s_i − lr ∂L/∂s_i / d_i,
+    which is plain GD on k_i = √d_i s_i = ‖s_i 1_{d_i}‖ (the block's Frobenius norm, the manifold's
+    Euclidean coordinate): k_i ← k_i − lr ∂L/∂k_i with ∂L/∂k_i = ∂L/∂s_i / √d_i. Outputs have one
+    coordinate per task (d_y = I), so μ's factors σ(O)_i = σ(V_Y)_i = √μ_i need no rescaling.
+    Then ω̄_i = k_i q_i/(d_i √d_e) (a step moves it by −2 lr ω̄_i ᾱ_i/√d_e + O(lr²), ᾱ_i the block mean of
+    ∂L/∂(W_X)_jj, as in spec §5.1) and μ_i = o_i v_i.
+
+    Returns {"k", "q", "o", "v"} (H, I): k = q = √d_i (√d_e ω̄)^{1/2}, o = v = √μ.
+    """
+    s = jnp.sqrt(jnp.sqrt(d_e) * jnp.asarray(spec["omega"]))
+    k = jnp.sqrt(jnp.asarray(d_i, dtype=s.dtype)) * s
+    o = jnp.sqrt(jnp.asarray(spec["mu"]))
+    return {"k": k, "q": k, "o": o, "v": o}
+
+
+def factors_to_spectral(f, d_i, d_e: int) -> dict:
+    """(ω̄, μ) of balanced factors: ω̄_i = k_i q_i / (d_i √d_e) (W_X = K_XᵀQ_X/√d_e), μ_i = o_i v_i."""
+    d_i = jnp.asarray(d_i, dtype=f["k"].dtype)
+    return {"omega": f["k"] * f["q"] / (d_i * jnp.sqrt(jnp.asarray(d_e, f["k"].dtype))), "mu": f["o"] * f["v"]}
+
+
+def spectral_half_loss(factors, X, q, ts: TaskStructure, d_e: int) -> jax.Array:
+    """½ E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (the full model's ½-MSE (2.6) with G and ε
+    integrated out, :func:`iclab.models.mhsa.spectral_expected_loss`), on prompts (X, q) given in the
+    canonical basis and rotated to the task basis Φ (Gaussian X, q are invariant, spec §2.2)."""
+    Xt = jnp.einsum("da,pdl->pal", ts.Phi, X)
+    qt = q @ ts.Phi
+    spec = factors_to_spectral(factors, ts.d_i, d_e)
+    return 0.5 * models.spectral_expected_loss(spec, Xt, qt, ts.d_i, ts.lam, ts.sigma**2)
+
+
 class Fig1Training(NamedTuple):
     """What :func:`train_fig1` returns: the task family ``ts``, head width ``d_e``, the initial read-outs
-    ``omega_init``/``mu_init`` (H, I), the per-seed keys (S, 2), the trajectory of the engine and the
-    final full weights ``final`` (each leaf with a leading seed axis S)."""
+    ``omega_init``/``mu_init`` (H, I), the per-seed keys (S, 2), the trajectory of the engine (metrics
+    "readout", "defects", and "spectral" when the spectral model is trained alongside) and the final
+    full weights ``final`` (each leaf with a leading seed axis S)."""
 
     ts: TaskStructure
     d_e: int
@@ -184,15 +234,25 @@ class Fig1Training(NamedTuple):
     final: dict
 
 
-def train_fig1(config: Fig1Config, reporter, lr=None) -> Fig1Training:
+def train_fig1(config: Fig1Config, reporter, lr=None, batch: int | None = None, data_fold: int = 2,
+               spectral: bool = False) -> Fig1Training:
     """Trains the full model by SGD on fresh minibatches for each seed (vmapped), from the theory's init.
 
-    Seed s uses fold_in(key_s, 1) for the init noise and 2 for the training minibatches (3 is left
-    for evaluation). Records the read-outs (ω̄, μ) and the decomposability defects every
-    ``record_every`` steps, on t = Σ lr. ``lr``: a schedule step -> lr replacing ``config.lr``
-    (None: the constant ``config.lr``).
+    Seed s uses fold_in(key_s, 1) for the init noise and ``data_fold`` (default 2) for the training
+    minibatches (3 is left for evaluation, 4 for the companion run at batch // k). Records the
+    read-outs (ω̄, μ) and the decomposability defects every ``record_every`` steps, on t = Σ lr.
+    ``lr``: a schedule step -> lr replacing ``config.lr`` (None: the constant ``config.lr``);
+    ``batch``: prompts per step (None: ``config.batch``).
+
+    ``spectral``: also train the spectral model of spec A10(b) in the same loop: its balanced factors
+    (:func:`spectral_factors`) by the same GD (lr, steps) on :func:`spectral_half_loss` of the same
+    minibatch's (X, q), G and ε integrated out. The two parameter sets are disjoint, so GD on the sum of
+    the losses is GD on each; sharing the loop shares the sampling of X (most of a step's cost at
+    float32 on a CPU) and the sampling noise of (X, q) (common random numbers), and puts both on the
+    same t = Σ lr. Its (ω̄, μ) are recorded as metric "spectral"; the recorded loss stays the full model's.
     """
     c = config
+    batch = c.batch if batch is None else batch
     ts = task_family(c)
     d_e = head_width(c)
     omega0, mu0 = theory.initial_state(c.H, c.I, c.omega0, c.mu0, c.advantage)
@@ -201,25 +261,44 @@ def train_fig1(config: Fig1Config, reporter, lr=None) -> Fig1Training:
     params0 = jax.jit(jax.vmap(lambda k: initial_params(spec0, ts, d_e, c.init_noise, jax.random.fold_in(k, 1))))(keys)
 
     def sampler(key, _aux):
-        return sample_prompts(key, ts, c.L, c.batch)
+        return sample_prompts(key, ts, c.L, batch)
 
-    metrics = {"readout": lambda p, _a: models.read_spectral(p, ts.d_i, ts.Phi, ts.Psi),
-               "defects": lambda p, _a: decomposability_defects(p, ts)}
-    data_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
-    label = f"SGD, full {c.H}-head softmax attention (batch {c.batch}, {c.seeds} seeds)"
+    metrics = {"readout": lambda p, _a: models.read_spectral(p["full"], ts.d_i, ts.Phi, ts.Psi),
+               "defects": lambda p, _a: decomposability_defects(p["full"], ts)}
+    params0 = {"full": params0}
+    if spectral:
+        f0 = spectral_factors({k: jnp.asarray(v, ts.Phi.dtype) for k, v in spec0.items()}, ts.d_i, d_e)
+        params0["spectral"] = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (c.seeds,) + a.shape), f0)
+        metrics["spectral"] = lambda p, _a: factors_to_spectral(p["spectral"], ts.d_i, d_e)
+
+    def objective(p, prompts):
+        loss = half_mse(p["full"], prompts)
+        if spectral:
+            # + s − stop_gradient(s): the spectral model's gradient, while the value stays the full ½-MSE.
+            s = spectral_half_loss(p["spectral"], prompts.X, prompts.q, ts, d_e)
+            loss = loss + (s - jax.lax.stop_gradient(s))
+        return loss
+
+    data_keys = jax.vmap(lambda k: jax.random.fold_in(k, data_fold))(keys)
+    label = (f"SGD, full {c.H}-head softmax attention{' + spectral model' if spectral else ''} "
+             f"(batch {batch}, {c.seeds} seeds)")
     with reporter.task(label, c.steps) as cb:
-        tr = sampled.minibatch(half_mse, params0, sampler, data_keys, lr=c.lr if lr is None else lr, n_steps=c.steps,
+        tr = sampled.minibatch(objective, params0, sampler, data_keys, lr=c.lr if lr is None else lr, n_steps=c.steps,
                                record_every=c.record_every, metrics=metrics, record_params=True, batched=True,
                                callback=cb)
+    tr = tr._replace(params=tr.params["full"])
     final = jax.tree_util.tree_map(lambda a: jnp.asarray(a[:, -1]), tr.params)
     return Fig1Training(ts, d_e, omega0, mu0, keys, tr, final)
 
 
 def run_fig1(config: Fig1Config, reporter) -> dict:
-    """Trains the full model for each seed (vmapped) and integrates the reduced ODE beside it."""
+    """Trains the full model for each seed (vmapped) with the spectral model in its loop, then the
+    companion full model at batch B/k, and integrates the reduced ODE beside them."""
     c = config
-    ts, d_e, omega0, mu0, keys, tr, final = train_fig1(c, reporter)
+    ts, d_e, omega0, mu0, keys, tr, final = train_fig1(c, reporter, spectral=True)
     d = ts.d
+    # Companion run at batch B/k (own minibatches, fold 4): the residue's batch dependence (spec C3).
+    companion = train_fig1(c, reporter, batch=c.batch // c.companion_batch_divisor, data_fold=4).trajectory
 
     w_lim, m_lim = theory.limit_weights(ts.d_i, ts.lam, c.sigma**2, c.L, c.H, omega_off=c.omega0)
     limit = initial_params({"omega": w_lim, "mu": m_lim}, ts, d_e)
@@ -248,12 +327,55 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
         "limit_loss": np.asarray(lim_loss), "limit_loss_se": np.asarray(lim_se),
     }
     out.update({f"defect_{k}": np.asarray(v) for k, v in tr.metrics["defects"].items()})
+    out.update({f"companion_defect_{k}": np.asarray(v) for k, v in companion.metrics["defects"].items()})
+    out.update({"spectral_omega": np.asarray(tr.metrics["spectral"]["omega"]),
+                "spectral_mu": np.asarray(tr.metrics["spectral"]["mu"])})
     return out
 
 
 def winners(mu_init) -> np.ndarray:
     """The head favoured on each task at init, argmax_h μ_i^(h)(0). Returns (I,)."""
     return np.argmax(np.asarray(mu_init), axis=0)
+
+
+#: Defects of Def 3.1's condition (i) and of (ii)-(iii), the residue of each being the largest of its defects.
+CONDITIONS = {"(i)": ("UX_over_UY", "WY_over_WX"), "(ii)-(iii)": ("WX_offdiag", "UY_offdiag", "WX_block_spread")}
+
+
+#: Fraction of the records, the last ones, whose residues are averaged (:func:`residue`).
+RESIDUE_WINDOW = 0.2
+
+
+def residue(a: dict, condition: str, prefix: str = "") -> float:
+    """Decomposability residue r of one condition: the largest of its defects (over heads and the
+    condition's defects), averaged over the last ``RESIDUE_WINDOW`` of the records and over seeds
+    (``prefix`` "companion_" for the batch-B/k run).
+
+    Why a late-time mean: the residue fluctuates from record to record, the extrapolation amplifies
+    that noise (δb = (√k·δr(B) − δr(B/k))/(√k − 1)), and an extreme over records is both noisier and
+    biased upwards.
+    Measured at the quick preset (4 seeds): the per-seed extrapolated b scatters with s.d. ≈ 0.017 from
+    the max over records, ≈ 0.016 from the final record alone and ≈ 0.003 from the mean over the last
+    fifth of the records (5 records, 50 steps), whose residue has settled after the emergence peak."""
+    r = np.max(np.stack([np.asarray(a[f"{prefix}defect_{n}"]) for n in CONDITIONS[condition]]), axis=0)  # (S, T)
+    n = max(1, int(round(RESIDUE_WINDOW * r.shape[1])))
+    return float(np.mean(r[:, -n:]))
+
+
+def population_residue(r_big: float, r_small: float, k: float) -> float:
+    """Infinite-batch residue b from residues at batches B and B/k, assuming r(B) = a B^{-1/2} + b
+    (minibatch noise of variance ∝ 1/B drives the non-decomposable parts linearly):
+    b = (√k r(B) − r(B/k)) / (√k − 1)."""
+    sk = np.sqrt(k)
+    return float((sk * r_big - r_small) / (sk - 1))
+
+
+def noise_scaling_deviation(r_big: float, r_small: float, k: float) -> float:
+    """|r(B/k) / (√k r(B)) − 1|: 0 for pure minibatch noise (r ∝ B^{-1/2}); 0 if both residues vanish."""
+    if r_big == 0 and r_small == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(abs(np.float64(r_small) / (np.sqrt(k) * r_big) - 1))
 
 
 def checks_fig1(config: Fig1Config, a: dict) -> list:
@@ -268,20 +390,40 @@ def checks_fig1(config: Fig1Config, a: dict) -> list:
     final_argmax = np.argmax(omega_end, axis=1)  # (S, I)
     n_wrong = int(np.sum(final_argmax != win[None]))
     w_star, mu_star = a["omega_star"], a["mu_star"]
-    dec_i = max(float(np.max(a["defect_UX_over_UY"])), float(np.max(a["defect_WY_over_WX"])))
-    dec_ii = max(float(np.max(a["defect_WX_offdiag"])), float(np.max(a["defect_UY_offdiag"])),
-                 float(np.max(a["defect_WX_block_spread"])))
+    # Spec C3 holds for population GF; the minibatch residue r(B) is extrapolated to B → ∞ from the
+    # companion run at B/k (k from the actual batches, in case k does not divide B).
+    B, B_small = c.batch, c.batch // c.companion_batch_divisor
+    k = B / B_small
+    dec = {}
+    for cond in CONDITIONS:
+        r_big, r_small = residue(a, cond), residue(a, cond, "companion_")
+        dec[cond] = (r_big, r_small, population_residue(r_big, r_small, k), noise_scaling_deviation(r_big, r_small, k))
+    raw = {cond: f"r(B = {B}) = {v[0]:.4g}, r(B/k = {B_small}) = {v[1]:.4g}, r(B/k)/r(B) = "
+                 f"{v[1] / v[0] if v[0] else float('nan'):.3f} vs √k = {np.sqrt(k):.3f}" for cond, v in dec.items()}
     loss = float(np.mean(a["final_loss"]))
     # Emergence: the winner's ω̄ reaches half its limit d_i^{-1/2}; simulation on t, ODE on τ = 2t/d.
     t, tau = a["t"], a["ode_tau"]
     t_sim = np.array([[rise_time(t, a["omega"][s, :, win[i], i], 0.5 * w_star[i]) for i in tasks]
                       for s in range(a["omega"].shape[0])])
     t_ode = np.array([rise_time(t, a["ode_omega"][:, win[i], i], 0.5 * w_star[i]) for i in tasks])
+    # Spec C4: fit t = c·τ on the spectral model (A10(b), no minibatch noise from G): the c minimising the
+    # squared log-mismatch of the emergence times, c_fit = exp mean log(t_spec/τ_ODE) over tasks and seeds.
+    t_spec = np.array([[rise_time(t, a["spectral_omega"][s, :, win[i], i], 0.5 * w_star[i]) for i in tasks]
+                       for s in range(a["spectral_omega"].shape[0])])
+    tau_ode = np.array([rise_time(tau, a["ode_omega"][:, win[i], i], 0.5 * w_star[i]) for i in tasks])
+    c_fit = float(np.exp(np.mean(np.log(t_spec / tau_ode[None]))))
+    d = c.I * c.d_bar
     return [
-        check_at_most("decomposability (i): max ‖U_X‖/‖U_Y‖, ‖W_Y‖/‖W_X‖ over heads, records, seeds", dec_i, 1e-2,
-                      "spec C3: population GF keeps U_X = W_Y = 0 exactly; minibatch noise may break it by ≤ 1e-2"),
-        check_at_most("decomposability (ii)-(iii): max relative off-diagonal of ΦᵀW_XΦ, ΨᵀU_YΨ and spread of "
-                      "diag ΦᵀW_XΦ within blocks", dec_ii, 1e-2, "spec C3 ('nearly diagonal'), same 1e-2 as (i)"),
+        check_at_most("decomposability (i), population limit: (√k r(B) − r(B/k))/(√k − 1) of r = max ‖U_X‖/‖U_Y‖, "
+                      "‖W_Y‖/‖W_X‖ over heads (mean over the last fifth of the records and seeds)", dec["(i)"][2], 1e-2,
+                      f"spec C3: population GF keeps U_X = W_Y = 0 exactly; raw {raw['(i)']}"),
+        check_at_most("decomposability (ii)-(iii), population limit: (√k r(B) − r(B/k))/(√k − 1) of r = max relative "
+                      "off-diagonal of ΦᵀW_XΦ, ΨᵀU_YΨ and spread of diag ΦᵀW_XΦ within blocks", dec["(ii)-(iii)"][2],
+                      1e-2, f"spec C3 ('nearly diagonal'), same 1e-2 as (i); raw {raw['(ii)-(iii)']}"),
+        check_at_most("decomposability residue is minibatch noise: max over (i), (ii)-(iii) of |r(B/k)/(√k r(B)) − 1|",
+                      max(v[3] for v in dec.values()), 0.3,
+                      "r ∝ B^{-1/2} within 30 % (r(B/k)/r(B) in [0.7√k, 1.3√k]) licenses the extrapolation; "
+                      f"(i): {raw['(i)']}; (ii)-(iii): {raw['(ii)-(iii)']}"),
         check_equal("task allocation: tasks whose final argmax_h ω̄_i^(h) ≠ initial argmax_h μ_i^(h) (all seeds)",
                     n_wrong, 0, "spec C5 / Thm 3.3: each task is won by the head with the largest initial μ"),
         check_at_most("losers: max ω̄_i^(h)/ω_0 over h ≠ h_i*", float(np.max(omega_end[:, loser]) / c.omega0), 2.0,
@@ -299,6 +441,10 @@ def checks_fig1(config: Fig1Config, a: dict) -> list:
         check_at_most("emergence time: max |t_sim/t_ODE − 1| at ω̄_i* = ½d_i^{-1/2}, ODE on t = (d/2)τ",
                       float(np.max(np.abs(t_sim / t_ode[None] - 1))), 0.10,
                       "spec C4: 10 %; the time factor d/2 is derived (spec A3), not fitted"),
+        check_rel("time factor c_fit of t = c·τ, fitted on the spectral model's emergence times, vs d/2",
+                  c_fit, d / 2, 0.10,
+                  f"spec C4: expected d/2 = {d / 2:g} (spec A3; the paper's 't ← 2dt' would give 2d = {2 * d}); "
+                      f"per-task t_spec/τ_ODE = {np.array2string(np.mean(t_spec, axis=0) / tau_ode, precision=4)}"),
     ]
 
 
@@ -319,11 +465,13 @@ def plot_fig1(config: Fig1Config, a: dict):
             ax_m.plot(t, a["mu"][seed, :, h, i], label=lab, **style)
             ax_w.plot(t, a["ode_omega"][:, h, i], color=COLORS[h], ls="--", lw=0.8)
             ax_m.plot(t, a["ode_mu"][:, h, i], color=COLORS[h], ls="--", lw=0.8)
+            ax_w.plot(t, a["spectral_omega"][seed, :, h, i], color=COLORS[h], ls=":", lw=1.2)
+            ax_m.plot(t, a["spectral_mu"][seed, :, h, i], color=COLORS[h], ls=":", lw=1.2)
     theory_levels(ax_w, [float(a["omega_star"][0])], ["d̄^{-1/2} (4.3)"])
     theory_levels(ax_m, [float(a["mu_star"][0])], ["(4.3)"])
     ax_w.set_ylabel("ω̄_i^(h)  (eigenvalue of W_X^(h))")
     ax_m.set_ylabel("μ_i^(h)  (eigenvalue of U_Y^(h))")
-    ax_w.set_title("ω̄: thick = h_i*, thin = other heads; dashed = ODE", fontsize=8)
+    ax_w.set_title("ω̄: thick = h_i*, thin = others; dashed = ODE, dotted = spectral model", fontsize=8)
     ax_m.set_title("μ: colour = head, all tasks", fontsize=8)
     for s, curve in enumerate(np.atleast_2d(a["loss"])):
         ax_l.plot(t, curve, color=COLORS[0], lw=1.0, alpha=0.8, label=f"{c.seeds} seeds" if s == 0 else None)
@@ -368,7 +516,17 @@ register(
             "(Fig 3's d_e = 30); Φ = Ψ = I; the theory's balanced decomposable init (Thm 3.3) with W_X^(h) = ω_0 I "
             "and U_Y^(h) = μ_0 I, the entry (h = i, task i) raised by (1 + advantage) so that h_i* = i.",
             "Time: t = Σ lr. The reduced ODE (spec §5.2, dashed) runs on τ = 2t/d, the factor derived for the ½-MSE "
-            "(spec A3; the paper's 't ← 2dt' is inconsistent); it is not fitted.",
+            "(spec A3; the paper's 't ← 2dt' is inconsistent); it is not fitted in the plot or in the full model's "
+            "emergence-time check. Spec C4's fit t = c·τ is done on the spectral model (below): c_fit = exp mean "
+            "log(t_spec/τ_ODE) of the winners' emergence times (ω̄ at ½ d_i^{-1/2}); quick preset: c_fit = 15.43 vs "
+            "d/2 = 15 (+2.9 %, 15.41-15.46 per task, 1 and 4 seeds), far from the paper's 2d = 60.",
+            "Spectral model (spec A10(b), dotted): the balanced factors of the decomposable weights, one per (head, "
+            "task block) and matrix, trained by the same GD (lr, steps) on ½ of the exact-expectation loss (G and ε "
+            "integrated out) of the full model's own minibatch (X, q), in the same loop. The block factor is the "
+            "block's Frobenius norm k_i = √d_i s_i, so that GD on it is the full model's GD restricted to decomposable "
+            "weights (a shared s_i would move d_i times too fast); a unit test checks one step against the full model "
+            "on a batch whose task vectors integrate G out exactly (agreement to O(lr²)). Its (ω̄, μ) follow the full "
+            "model's within the line width in the quick preset.",
             "Loss values in the checks are E‖ŷ − y‖² without the ½ (the paper's (4.1) convention, spec A1); the "
             "plotted training loss is the ½-MSE of the next minibatch. The converged loss is Monte Carlo over "
             "`eval_prompts` fresh prompts; the same prompts give the loss of the (4.3) weights for comparison.",
@@ -383,10 +541,28 @@ register(
             "The checks therefore look at the end of a run that stops when the ODE has nearly converged (τ ≈ 30 "
             "quick, 67 paper), inside the window of Thm 3.3(iii); longer runs leave (4.3).",
             "Decomposability under minibatch noise: the relative non-decomposable parts (U_X, W_Y, off-diagonal and "
-            "within-block spread of W_X) are noise-driven and scale like batch^{-1/2} (max 0.112/0.124 at batch "
-            "512, 0.084/0.086 at batch 1024 in the quick setting), so spec C3's 1e-2 needs batches of order 10⁵; "
-            "the checks keep spec C3's 1e-2 and fail at the batches we can afford.",
+            "within-block spread of W_X) are noise-driven and scale like batch^{-1/2} (max over records 0.112/0.124 "
+            "at batch 512, 0.084/0.086 at batch 1024 in the quick setting), so spec C3's 1e-2, a statement about "
+            "population GF, would need batches of order 10⁵ if applied to the raw residue. We test it on the "
+            "population limit instead: a companion full-model run at batch B/k (k = companion_batch_divisor, own "
+            "minibatches) and r(B) = a B^{-1/2} + b give b = (√k r(B) − r(B/k))/(√k − 1), checked ≤ 1e-2, with a "
+            "check that r(B/k)/r(B) is within 30 % of √k (the noise law that licenses the extrapolation). r is the "
+            "mean over the last fifth of the records and the seeds: the per-seed b then scatters by s.d. ≈ 0.003 "
+            "(vs ≈ 0.016 from the final record alone, ≈ 0.017 from the max over records; 4 seeds measured). Quick "
+            "preset, seed 0: r(1024) = 0.038 / 0.073, r(256) = 0.074 / 0.154 for (i) / (ii)-(iii), ratios "
+            "1.95 / 2.12 vs √k = 2, b = +0.002 / −0.008 (base seed 1: ratios 1.82 / 2.11, b = +0.007 / −0.008). "
+            "With 4 seeds b = +0.004 / −0.006; the negative (ii)-(iii) "
+            "value says the B^{-1/2} law holds to ≈ 5 %, so b is resolved to about ±0.01, the size of the tolerance: "
+            "the check rules out a population residue well above 1e-2, not one of a few 1e-3.",
         ],
-        runtime={"quick": "51 s; 7/9 checks (decomposability residue 0.08 > 1e-2)", "paper": "not run (estimated 12-14 min: 1000 steps at batch 4096)"},
+        runtime={"quick": "75.5 s at load average 1.1-1.7 (other work on the 2 cores), 129 s at load 2.3-3.0; "
+                          "11/11 checks at base seed 0. Base seed 1: 10/11, the converged-loss check (C7) fails "
+                          "narrowly (0.2465 vs ≤ 0.2458), as it did before the spectral model and companion were "
+                          "added (same full-model trajectory). Three trainings: full model + spectral model in one "
+                          "loop (batch 1024, 230 steps) and the companion full model at batch 256 (≈ 13 s of XLA "
+                          "compilation each)",
+                 "paper": "not run (estimated ≈ 20 min: the full model's 12-14 min for 1000 steps at batch 4096, "
+                          "+ ≈ 35 % for the spectral model in its loop and ≈ 25 % for the batch-1024 companion, "
+                          "from per-step timings at batch 1024)"},
     )
 )
