@@ -41,11 +41,13 @@ def descend(
     record_params: bool = False,
     batched: bool = False,
     callback: Callback | None = None,
+    unroll: int = 1,
 ) -> Trajectory:
     """Runs n_steps of ``optimizer(learning_rate=lr)`` on ``objective(params, state)``.
 
     The objective receives the loop state so that a sampled engine can draw its minibatch from
     ``state.key`` and ``state.step``; the recorded ``loss`` is the objective at each record.
+    ``unroll``: steps unrolled per iteration of the compiled loop (see :func:`iclab.engines._loop.run_loop`).
     """
     if n_steps < 0:
         raise ValueError(f"n_steps must be >= 0 (got {n_steps})")
@@ -78,7 +80,8 @@ def descend(
         n_seeds = jax.tree_util.tree_leaves(params0)[0].shape[0]
         key = jax.random.split(key, n_seeds)
     state0 = (jax.vmap(init) if batched else init)(params0, aux, key)
-    steps, obs, _ = run_loop(step_fn, observe, state0, n_steps, record_every, batched=batched, callback=callback)
+    steps, obs, _ = run_loop(step_fn, observe, state0, n_steps, record_every, batched=batched, callback=callback,
+                             unroll=unroll)
     t = obs.pop("t")
     loss = obs.pop("loss")
     params = obs.pop("params", None)

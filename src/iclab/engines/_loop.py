@@ -99,6 +99,7 @@ def run_loop(
     batched: bool = False,
     callback: Callback | None = None,
     records_per_chunk: int = 64,
+    unroll: int = 1,
 ):
     """Runs ``step_fn`` n_steps times and returns (records, final state).
 
@@ -111,6 +112,9 @@ def run_loop(
         batched: vmap step and observe over a leading seed axis.
         callback: called on the host after each chunk with (step, last observation).
         records_per_chunk: records computed per jitted call.
+        unroll: steps unrolled per iteration of the compiled step loop: >1 trims the loop overhead
+            (~1 µs per iteration on a CPU) where a step costs only a few µs (the moments engine), at
+            the price of compile time; the arithmetic of each step is unchanged.
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).
     """
@@ -120,7 +124,7 @@ def run_loop(
     gaps = np.diff(steps)
 
     def advance(state, n):
-        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state)
+        return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state, unroll=max(1, min(unroll, n)))
 
     @jax.jit
     def chunk_equal(state, n_records_dummy):

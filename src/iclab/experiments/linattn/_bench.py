@@ -90,7 +90,7 @@ def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
 
     def run_moments(n, record_every=None):
         return moments.full_batch(models.tensor_attn_s, params0, stats, lr=lr, n_steps=n,
-                                  record_every=record_every or n, batched=True)
+                                  record_every=record_every or n, batched=True, unroll=moments.LONG_RUN_UNROLL)
 
     # The trajectories (also the warm-up of both engines).
     loss_s = np.asarray(run_sampled(steps, record_every=1).loss)[0]
@@ -120,6 +120,7 @@ def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
         "steps_compared": steps,
         "max_relative_loss_difference": max_rel_diff,
         "timed_steps": {"sampled": [max(steps // 10, 1), steps], "moments": [MOMENTS_STEPS // 100, MOMENTS_STEPS]},
+        "moments_unroll": moments.LONG_RUN_UNROLL,
         "targets": "speedup >= 1e4, difference <= 1e-9",
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "cpus": os.cpu_count(),

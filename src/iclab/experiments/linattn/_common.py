@@ -207,6 +207,7 @@ def train(
     label: str = "",
     rho: float = 1.0,
     stats: moments.SufficientStatistics | None = None,
+    unroll: int = 1,
 ):
     """Trains ``model`` from eq-34/36 init for each seed (vmapped) and returns its Trajectory.
 
@@ -253,7 +254,7 @@ def train(
             if form == "reduced":
                 metrics["population"] = pop_loss
             return moments.full_batch(_TENSOR[(model, form)], params0, st, metrics=metrics, extra=aux,
-                                      callback=cb, **common)
+                                      callback=cb, unroll=unroll, **common)
         data = jax.vmap(lambda k, L: sample_prompts(jax.random.fold_in(k, 2), L, N, P))(keys, Lams)
         if model in _SOFTMAX:
             softmax_predict = _SOFTMAX[model]

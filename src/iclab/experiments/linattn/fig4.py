@@ -11,6 +11,7 @@ import math
 import numpy as np
 from pydantic import field_validator, model_validator
 
+from iclab.engines import moments
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
@@ -96,7 +97,7 @@ def run_rank_sweep(config: RankSweepConfig, reporter) -> dict:
     for R in config.ranks:
         tr = train("attn_s", engine="moments", stats=stats, keys=keys, Lams=Lams, N=config.N, H=config.H, R=R,
                    w_init=config.w_init, lr=config.lr, steps=config.steps, record_every=config.record_every,
-                   reporter=reporter, label=f"ATTN_S R = {R} (moments, P = {config.P}, {config.seeds} seeds)")
+                   reporter=reporter, unroll=moments.LONG_RUN_UNROLL, label=f"ATTN_S R = {R} (moments, P = {config.P}, {config.seeds} seeds)")
         out[f"loss_R{R}"], out[f"pop_R{R}"] = np.asarray(tr.loss), np.asarray(tr.metrics["population"])
         out["t"], out["step"] = np.asarray(tr.t), np.asarray(tr.step)
     return out
@@ -281,7 +282,7 @@ register(
         run=run_rank_sweep,
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
-        runtime={"quick": "24 s", "paper": "51 s (load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
+        runtime={"quick": "24 s", "paper": "24.5 s (idle; 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
         notes=NOTES + [
             "Deviation at the paper preset (measured): R = 1 fails two checks. 2 of 6 seeds are still on L(M_7) "
             "after 20000 steps (final 0.238 vs L(M_8) = 0.210), and one seed merges the escapes from M_4 and "
