@@ -26,7 +26,8 @@ def test_tiny_run_shapes_checks_and_plot(tiny):
     assert r["lms"].shape == (2,) and np.all(r["lms_se"] > 0) and np.all(r["rls"] > 0)
     assert np.isnan(r["paper_lms"]).tolist() == [True, False]  # γ = 0.9 is not in the paper's table, 0.95 is
     names = [c.name for c in exp.checks(config, r)]
-    assert len(names) == 3 and not any("paper's reported" in n for n in names)  # d = 3: no paper comparison
+    assert len(names) == 4 and not any("paper's reported" in n for n in names)  # d = 3: no paper comparison
+    assert r["saddle_star"].shape == (2, 3) and r["rank_one_share"].shape == (1, 2)
     assert len(exp.plot(config, r).axes) == 2
 
 

@@ -60,7 +60,9 @@ def test_checks_pass_on_theory_and_fail_on_a_5_percent_error(tiny):
     assert all(c.passed for c in exp.checks(config, perfect)), [c.name for c in exp.checks(config, perfect) if not c.passed]
     off = dict(perfect, trained_err=perfect["trained_err"] * 1.05)  # uniform: every argmin stays where it is
     failed = [c.name for c in exp.checks(config, off) if not c.passed]
-    assert len(failed) == 1 and failed[0].startswith("(a) trained GLA error = Theorem 2")
+    # 5 % above Theorem 2 and not on the rank-one route (share 0): unexplained, so the saddle check fails too
+    assert len(failed) == 2 and failed[0].startswith("(a) trained GLA error = Theorem 2")
+    assert failed[1].startswith("models more than 3% above Theorem 2 that are not on a rank-one saddle")
     off = dict(perfect, test_err=perfect["test_err"] * 0.95)
     failed = [c.name for c in exp.checks(config, off) if not c.passed]
     assert len(failed) == 1 and failed[0].startswith("(b-d) trained test error")
@@ -91,3 +93,39 @@ def test_config_rejects_grids_without_linear_attention_or_shift_model():
         fig1.Fig1Config(**{**TINY, "lams": [0.8, 0.9]})
     with pytest.raises(ValueError, match="shift_gamma"):
         fig1.Fig1Config(**{**TINY, "gammas": [0.9]})
+
+
+def _saddle_weights(d, s, e):
+    """Merged weights with only the rank-one route: u12 = u21 = √s e (W_V[d, :d], W^KQ[d, :d])."""
+    WV, WKQ = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
+    WV[d, :d] = WKQ[d, :d] = np.sqrt(s) * e
+    return WV, WKQ
+
+
+def test_rank_one_route_share_and_saddle_check():
+    """Route share 1 on the rank-one route, 0 on Theorem 1's (and for restricted weights); the check counts
+    models off Theorem 2 that are not on the saddle: by error (at ŷ = 0) or by route (Theorem-1 route, wrong error)."""
+    d, lam, g = 3, 0.8, 0.9
+    proc = dict(sigma_w2=1.0, sigma_e2=0.01, n=8)
+    D1, D2, D3, _ = theory.D_sums(lam, g, **proc)
+    U11, u = theory.optimal_restricted(D1, theory.Lam_tilde(np.eye(d), D2, D3))
+    WV1, WKQ1 = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
+    WV1[d, d], WKQ1[:d, :d] = u, U11  # Theorem 1's weights, merged
+    WV2, WKQ2 = _saddle_weights(d, 0.5, np.eye(d)[0])
+    merged = {"WV": jnp.asarray(np.stack([WV1, WV2])), "WKQ": jnp.asarray(np.stack([WKQ1, WKQ2]))}
+    np.testing.assert_allclose(_common.rank_one_route_share(merged), [0.0, 1.0], atol=1e-12)
+    restricted = {"U11": jnp.zeros((2, 5, d, d)), "u_m1": jnp.zeros((2, 5))}
+    assert _common.rank_one_route_share(restricted).shape == (2, 5)
+    assert not _common.rank_one_route_share(restricted).any()
+
+    E = theory.train_error(lam, g, Lam=np.eye(d), **proc)
+    sad = theory.rank_one_saddle_errors(lam, g, Lam=np.eye(d), **proc)
+    zero = d * theory.D_sums(lam, g, **proc)[3]
+    E3, sad3 = np.full(3, E), np.tile(sad, (3, 1))
+    labels = ["a", "b", "c"]
+    ok = _common.saddle_check(np.array([[E, sad[0], E * 1.01]]), E3, sad3, np.array([[0.0, 0.99, 0.0]]), labels, 0.03)
+    assert ok.passed and ok.measured == 0 and "b" in ok.note
+    assert abs(zero / sad[0] - 1) > 0.03  # at these settings ŷ = 0 is told apart by its error
+    at_zero = _common.saddle_check(np.array([[zero]]), E3[:1], sad3[:1], np.array([[0.99]]), labels, 0.03)
+    wrong_route = _common.saddle_check(np.array([[sad[0]]]), E3[:1], sad3[:1], np.array([[0.2]]), labels, 0.03)
+    assert not at_zero.passed and not wrong_route.passed and at_zero.measured == wrong_route.measured == 1

@@ -685,3 +685,64 @@ def test_restricted_error_matches_monte_carlo_and_theorems():
     test = dr.test_error(lam, Lam=LAM3, lam_bar=lam_bar, gamma_bar=shift["gamma"], sigma_w2_bar=shift["sigma_w2"],
                          sigma_e2_bar=shift["sigma_e2"], m=shift["n"], **TRAIN)
     assert dr.restricted_error(U_opt, u_opt, lam_bar, Lam=LAM3, **shift) == pytest.approx(test, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank-one stationary points of the full-weight GLA [derived, not in the paper]
+# ---------------------------------------------------------------------------------------------
+
+
+def test_rank_one_saddle_is_the_best_rank_one_restricted_predictor():
+    """E_k = min over c of the exact error of U11 = c e_k e_kᵀ, u_{-1} = 1 (``restricted_error``, an independent
+    formula), for each eigenvector e_k of a non-diagonal Λ; for Λ = I it is one of Theorem 2's d equal gains."""
+    lam = 0.7
+    mu, V = np.linalg.eigh(LAM3)
+    E = dr.rank_one_saddle_errors(lam, Lam=LAM3, **TRAIN)
+    assert E.shape == (3,)
+    for k in range(3):
+        P = np.outer(V[:, k], V[:, k])
+        best = minimize_scalar(lambda c: dr.restricted_error(c * P, 1.0, lam, Lam=LAM3, **TRAIN), bounds=(-50, 50),
+                               method="bounded", options={"xatol": 1e-12})
+        assert E[k] == pytest.approx(best.fun, rel=1e-9)
+    assert np.all(E > dr.train_error(lam, Lam=LAM3, **TRAIN))  # a saddle, above the global minimum
+    D4 = dr.D_sums(0.9, 0.95, **PAPER)[3]
+    full = dr.train_error(0.9, 0.95, Lam=I10, **PAPER)
+    np.testing.assert_allclose(dr.rank_one_saddle_errors(0.9, 0.95, Lam=I10, **PAPER), 10 * D4 - (10 * D4 - full) / 10,
+                               rtol=1e-12)
+    grid = dr.rank_one_saddle_errors(np.array([0.6, 0.9]), 0.95, Lam=I10, **PAPER)
+    assert grid.shape == (2, 10)
+
+
+def test_rank_one_saddle_of_the_full_gla_by_monte_carlo():
+    """The full GLA (merged W_V, W^KQ) with only u12 (x-part of W_V's last row) and u21 (label row of W^KQ) set,
+    u12 u21ᵀ = (D1/Λ̃_k) e_k e_kᵀ: its error on simulated prompts is E_k (4 SE, far from Theorem 2), and on an
+    antithetic batch (every y and the target negated, i.e. w → −w) the gradients of u_{-1} and U11 vanish exactly."""
+    from iclab.models import gla_forget as gla
+    from iclab.tasks.drift import sample_drift_prompts, tokens
+
+    lam, d, k = 0.7, 3, 2
+    mu, V = np.linalg.eigh(LAM3)
+    D1, D2, D3, _ = dr.D_sums(lam, **TRAIN)
+    s = D1 / (D2 * (2 * mu[k] + mu.sum()) + D3 * mu[k])
+    WV = np.zeros((d + 1, d + 1))
+    WKQ = np.zeros((d + 1, d + 1))
+    WV[d, :d] = np.sqrt(s) * V[:, k]
+    WKQ[d, :d] = np.sqrt(s) * V[:, k]
+    params = {"WV": jnp.asarray(WV), "WKQ": jnp.asarray(WKQ)}
+    pr = sample_drift_prompts(jax.random.PRNGKey(5), jnp.asarray(LAM3), TRAIN["n"], 400_000, TRAIN["gamma"],
+                              TRAIN["sigma_w2"], TRAIN["sigma_e2"])
+    Z, y = tokens(pr), pr.target
+    err = np.asarray((gla.predict(params, Z, lam) - y) ** 2)
+    mc, se = err.mean(), err.std() / np.sqrt(err.size)
+    E_k = dr.rank_one_saddle_errors(lam, Lam=LAM3, **TRAIN)[k]
+    assert abs(mc - E_k) <= 4 * se
+    assert E_k - dr.train_error(lam, Lam=LAM3, **TRAIN) > 20 * se  # the test can tell the saddle from the minimum
+
+    Zb, yb = Z[:2000], y[:2000]
+    Z2 = jnp.concatenate([Zb, Zb.at[..., -1].multiply(-1.0)])
+    y2 = jnp.concatenate([yb, -yb])
+    g = jax.grad(lambda p: jnp.mean((gla.predict(p, Z2, lam) - y2) ** 2))(params)
+    scale = float(jnp.max(jnp.abs(g["WV"][d, :d])) + jnp.max(jnp.abs(g["WKQ"][d, :d])))
+    assert scale > 1e-6  # the batch gradient of u12, u21 is not zero (sampling noise): the zeros below are structural
+    assert abs(float(g["WV"][d, d])) <= 1e-12 * scale
+    assert float(jnp.max(jnp.abs(g["WKQ"][:d, :d]))) <= 1e-12 * scale

@@ -638,6 +638,32 @@ def train_error(lam, gamma, sigma_w2, sigma_e2, n, Lam):
     return float(E) if E.ndim == 0 else E
 
 
+def rank_one_saddle_errors(lam, gamma, sigma_w2, sigma_e2, n, Lam):
+    """Train errors at the rank-one stationary points of the full-weight GLA loss, one per eigenvector of Λ.
+
+    With every weight of eq 8 trainable (Lemma 2's U = [[U11, u12], [u21ᵀ, u_{-1}]]), the prediction is
+    ŷ = u12ᵀ S_xx U11 x + (u12·G)(u21·x) + u_{-1} Gᵀ U11 x + u_{-1} S_yy (u21·x), x = x_{n+1}, S the
+    λ-weighted state. At u_{-1} = 0, U11 = 0 the gradients of u_{-1} and U11 vanish (every term is
+    odd in the task vectors), so the second route alone, ŷ = Gᵀ (u12 u21ᵀ) x, is a stationary point:
+    the predictor of Theorem 1 with a rank-one U. Along an eigenvector e_k of Λ (eigenvalue μ_k), with
+    its best scale u12 u21ᵀ = (D1/Λ̃_k) e_k e_kᵀ, it keeps the k-th term of Theorem 2's gain only:
+
+        E_k = D4 tr Λ - D1² μ_k² / Λ̃_k,   Λ̃_k = D2 (2μ_k + tr Λ) + D3 μ_k.
+
+    For Λ = I every k gives d D4 - D1² / ((d+2) D2 + D3): one of Theorem 2's d equal gains. Leaving
+    the point needs u_{-1} and U11 to grow together (a second-order escape). [derived; not in the paper]
+
+    Args:
+        lam: forget factor λ > 0, scalar or array; gamma, sigma_w2, sigma_e2, n: training setting.
+        Lam: (d, d) input covariance, or (d,) its eigenvalues.
+    Returns:
+        (..., d) errors E_k, one per eigenvalue of Λ (in ``_eig``'s order), for ``lam`` of shape (...).
+    """
+    mu = _eig(Lam)
+    D1, D2, D3, D4 = (np.asarray(v)[..., None] for v in D_sums(lam, gamma, sigma_w2, sigma_e2, n))
+    return D4 * mu.sum() - D1**2 * mu**2 / (D2 * (2 * mu + mu.sum()) + D3 * mu)
+
+
 def train_error_printed(lam, gamma, sigma_w2, sigma_e2, n, Lam):
     """Train error in the form printed as eq 16 (Theorem 2), evaluated literally with matrices.
 

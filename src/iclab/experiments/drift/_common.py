@@ -38,6 +38,7 @@ from pydantic import field_validator, model_validator
 
 from iclab.engines import sampled
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._registry import check_equal
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.theory import drift as theory
@@ -366,3 +367,63 @@ def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_
                       for lt, le in zip(lam_train, lam_eval)])
     e = error_estimates(model_predictions(params, Z, lam_eval, layers=layers), y_opt, np.asarray(y), E_theory)
     return {"err": e["cv"], "err_se": e["cv_se"], "opt": e["opt"], "opt_se": e["opt_se"]}
+
+
+# --------------------------------------------------------------------------------------------
+# The rank-one saddle of the full weights
+
+
+#: A model is on the rank-one route when u12 u21ᵀ carries at least this share of its label routes.
+RANK_ONE_SHARE = 0.9
+
+
+def rank_one_route_share(params) -> np.ndarray:
+    """Share of a one-layer GLA's prediction carried by the rank-one route, ‖u12‖‖u21‖ / (‖u12‖‖u21‖ + |u_{-1}|‖U11‖_F).
+
+    Lemma 2's U = [[U11, u12], [u21ᵀ, u_{-1}]] (u12 the x-part of W_V's last row, u21 the label row of W_KᵀW_Q)
+    gives the label two routes: Theorem 1's u_{-1} Gᵀ U11 x and the rank-one (u12·G)(u21·x)
+    (``theory.drift.rank_one_saddle_errors``). The share is ≈ 0 at Theorem 1's weights and ≈ 1 on the
+    rank-one saddle, whatever the error; restricted weights have no second route (0).
+
+    params: one parametrisation (``theta`` ignored) with leading axes (...). Returns (...) array.
+    """
+    params = {k: v for k, v in params.items() if k != "theta"}
+    kind = gla.parametrisation(params)
+    lead = np.shape(params["U11" if kind == "restricted" else next(iter(params))])[:-2]
+    if kind == "restricted":
+        return np.zeros(lead)
+    flat = jax.tree_util.tree_map(lambda a: jnp.reshape(a, (-1,) + a.shape[len(lead):]), params)
+    WV, WKQ = (np.asarray(a) for a in jax.vmap(gla.merged_weights)(flat))
+    d = WV.shape[-1] - 1
+    theorem1 = np.abs(WV[:, d, d]) * np.linalg.norm(WKQ[:, :d, :d], axis=(-2, -1))
+    rank_one = np.linalg.norm(WV[:, d, :d], axis=-1) * np.linalg.norm(WKQ[:, d, :d], axis=-1)
+    return (rank_one / (rank_one + theorem1)).reshape(lead)
+
+
+def saddle_check(err, E_theory, E_saddle, share, labels, tol: float):
+    """Check that every trained model more than ``tol`` above Theorem 2 rests on a rank-one saddle.
+
+    A model off Theorem 2 is explained when its error is within ``tol`` of some E_k
+    (``theory.drift.rank_one_saddle_errors``) and ≥ ``RANK_ONE_SHARE`` of its label route is rank-one
+    (``rank_one_route_share``); the error alone cannot tell that saddle from ŷ = 0 when the gain is small.
+
+    Args:
+        err: (..., M) trained errors (leading seed axes allowed); E_theory: (M,) Theorem 2; E_saddle: (M, d)
+        saddle errors; share: like ``err``; labels: M strings naming the models (e.g. "γ = 0.95, λ = 0.6").
+    Returns:
+        A ``check_equal`` of the number of unexplained models (0 expected).
+    """
+    err, share = np.asarray(err), np.asarray(share)
+    off = np.abs(err / E_theory - 1) > tol
+    near = np.min(np.abs(err[..., None] / np.asarray(E_saddle) - 1), axis=-1) <= tol
+    on_saddle = off & near & (share >= RANK_ONE_SHARE)
+    where = sorted({labels[i] for i in np.nonzero(on_saddle)[-1]})
+    return check_equal(
+        f"models more than {tol:.0%} above Theorem 2 that are not on a rank-one saddle (count over seeds)",
+        int(np.sum(off & ~on_saddle)), 0,
+        f"{int(off.sum())} of {off.size} trained models are more than {tol:.0%} above Theorem 2, {int(on_saddle.sum())} "
+        f"of them on the rank-one saddle of the full weights (error within {tol:.0%} of E_k = D4 trΛ − D1²μ_k²/Λ̃_k and "
+        f"≥ {RANK_ONE_SHARE:.0%} of the label route through u12 u21ᵀ, not Theorem 1's u_-1 U11)"
+        + (f": {'; '.join(where)}" if where else "")
+        + ". Adam leaves that stationary point only through the product u_-1·U11 (second order), so the paper's "
+          "'random Gaussian initialization consistently converges' does not hold for full weights at these settings")
