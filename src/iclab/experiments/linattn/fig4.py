@@ -282,12 +282,15 @@ register(
         run=run_rank_sweep,
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
-        runtime={"quick": "24 s", "paper": "24.5 s (idle; 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
+        runtime={"quick": "24 s", "paper": "9 s on an idle 2-core machine (24.5 s on a slower one, 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
         notes=NOTES + [
             "Deviation at the paper preset (measured): R = 1 fails two checks. 2 of 6 seeds are still on L(M_7) "
             "after 20000 steps (final 0.238 vs L(M_8) = 0.210), and one seed merges the escapes from M_4 and "
             "M_5 into a shoulder at 0.369 (L(M_4) = 0.358). R = 2, 4, 8 pass, as does the quick preset "
             "(w_init 0.3, 40000 steps).",
+            "No init passes all 15 checks at the reference's 20000 steps (measured): w_init = 0.45 / 0.5 / 0.55 pass "
+            "13 / 12 / 13. R = 1 reaches L(M_8) in every seed only from 0.55, while R = 2's least dwell at R | m over "
+            "its largest at R ∤ m falls below 2 (1.75 / 1.58 / 1.31) as the init grows.",
         ],
     )
 )
