@@ -310,6 +310,6 @@ register(
             "prompts (no training), a reference for the recency trade-off.",
         ],
         runtime={"quick": "66 s (3 models × 400 steps); 4/4 checks",
-                 "paper": "not run (estimated 30 min: 4 models × 2000 steps × 3 seeds)"},
+                 "paper": "332 s on the idle 2-core machine (4 models × 2000 steps × 3 seeds); 4/4 checks: best λ = 0.9 beats linear attention by paired z = 10.0; accuracy at k = 40: 0.662 (λ = 1) vs 0.688 (λ = 0.9)"},
     )
 )
