@@ -295,7 +295,10 @@ def bench_cmd(
 
     if name not in BENCHMARKS:
         raise UserError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    result = run_benchmark(name)
+    try:
+        result = run_benchmark(name)
+    except RuntimeError as err:  # e.g. a timing lost in noise: say so in one line, report nothing
+        raise UserError(f"bench {name}: {err}") from None
     if as_json:
         print(json.dumps(result, indent=2, default=float))
         return

@@ -200,3 +200,21 @@ def test_benchmark_timing_is_the_slope_between_two_runs():
     finally:
         _bench.time.perf_counter = real
     assert per_step == pytest.approx(0.002) and overhead == pytest.approx(0.5)
+
+
+def test_benchmark_timing_refuses_a_slope_lost_in_the_call_overhead():
+    from iclab.experiments.linattn import _bench
+
+    clock = {"now": 0.0, "calls": 0}
+
+    def fake(n):  # the call overhead jitters by 0.1 s and hides the steps (1e-9 s each)
+        clock["calls"] += 1
+        clock["now"] += 1.0 + (0.1 if clock["calls"] <= 2 else 0.0) + 1e-9 * n
+
+    real = _bench.time.perf_counter
+    _bench.time.perf_counter = lambda: clock["now"]
+    try:
+        with pytest.raises(RuntimeError, match="too noisy"):
+            _bench._per_step(fake, 10, 100)
+    finally:
+        _bench.time.perf_counter = real

@@ -22,13 +22,16 @@ from iclab.tasks.linreg import covariance, sample_prompts, spectrum_eigenvalues
 
 D, H, R, N = 8, 9, 1, 31
 W_INIT = 0.4  # Fig 4's default init
-MOMENTS_STEPS = 100_000  # the moments engine is timed over this many steps (~µs each)
+FIG4_SEEDS = 6  # Fig 4 trains 6 seeds per rank together (vmapped)
+# A moments step takes ~1 µs while each engine call compiles anew (~1 s, jittering by ~0.1 s), so its
+# timed runs must be long enough that the steps, not the compilation, make the difference (see _per_step).
+MOMENTS_STEPS = (20_000, 1_000_000)
 
 
-def _setup(P: int, seed: int):
-    """Seed key, Λ, initial params and the P prompts, as ``train`` draws them for one seed (S = 1)."""
-    keys = jax.random.fold_in(jax.random.PRNGKey(seed), 0)[None]
-    Lams = covariance(spectrum_eigenvalues("inverse", D))[None]
+def _setup(P: int, seed: int, S: int = 1):
+    """Seed keys, Λ, initial params and the P prompts of seeds 0..S-1, as ``train`` draws them."""
+    keys = jnp.stack([jax.random.fold_in(jax.random.PRNGKey(seed), s) for s in range(S)])
+    Lams = jnp.broadcast_to(covariance(spectrum_eigenvalues("inverse", D)), (S, D, D))
     params0 = jax.vmap(lambda k: init_params("attn_s", jax.random.fold_in(k, 1), D, H, R, W_INIT))(keys)
     data = jax.vmap(lambda k, L: sample_prompts(jax.random.fold_in(k, 2), L, N, P))(keys, Lams)
     return keys, Lams, params0, data
@@ -48,33 +51,31 @@ def _timed(fn, n_steps: int, repeats: int = 2) -> float:
     return best
 
 
-def _per_step(fn, n_short: int, n_long: int) -> tuple[float, float]:
+def _per_step(fn, n_short: int, n_long: int, min_step_share: float = 0.5, max_doublings: int = 6) -> tuple[float, float]:
     """(seconds per step after compilation, seconds of compilation and fixed overhead per call).
 
     Every engine call traces and compiles its loop again, so the per-step cost is the slope between a
     short and a long run recording only their last step (the same compiled structure), and the
-    intercept is what a call costs besides its steps.
+    intercept is what a call costs besides its steps. The slope is only as good as the long run's
+    extra time is large against the jitter of that per-call cost, so ``n_long`` doubles until the
+    extra time is at least ``min_step_share`` of the long run; a slope that is still not positive is an
+    error, not a number to report.
     """
-    t_short, t_long = _timed(fn, n_short), _timed(fn, n_long)
+    t_short = _timed(fn, n_short)
+    for _ in range(max_doublings + 1):
+        t_long = _timed(fn, n_long)
+        if t_long - t_short >= min_step_share * t_long:
+            break
+        n_long *= 2
     per_step = (t_long - t_short) / (n_long - n_short)
+    if per_step <= 0:
+        raise RuntimeError(f"timing too noisy: {n_long} steps took no longer than {n_short} ({t_long:.3f} s vs {t_short:.3f} s)")
     return per_step, t_short - n_short * per_step
 
 
-def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
-    """Moments vs sampled full-batch GD on the reduced ATTN_S, Fig 4 setting (R = 1), one process.
-
-    Args:
-        P: training prompts.
-        steps: steps of the two trajectories compared, and of the timed sampled run.
-        seed: base seed.
-    Returns:
-        JSON-able dict: per-step seconds of each engine after compilation, the statistics pass of the
-        moments engine (once, and amortised over ``steps`` and over Fig 4's 20000 steps), the
-        speedups, the largest relative loss difference over the first ``steps`` steps, and the load.
-    """
-    load_before = os.getloadavg()
-    keys, Lams, params0, data = _setup(P, seed)
-    lr = REFERENCE_LR
+def _engines(P: int, seed: int, S: int, lr: float):
+    """(run_sampled, run_moments, statistics pass seconds (first call, again)) for seeds 0..S-1."""
+    keys, Lams, params0, data = _setup(P, seed, S)
 
     def run_sampled(n, record_every=None):
         return sampled.full_batch(_sampled_loss, params0, data, lr=lr, n_steps=n,
@@ -92,24 +93,55 @@ def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
         return moments.full_batch(models.tensor_attn_s, params0, stats, lr=lr, n_steps=n,
                                   record_every=record_every or n, batched=True, unroll=moments.LONG_RUN_UNROLL)
 
+    return run_sampled, run_moments, (t_stats, t_stats_again)
+
+
+def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0, seeds: int = FIG4_SEEDS) -> dict:
+    """Moments vs sampled full-batch GD on the reduced ATTN_S, Fig 4 setting (R = 1), one process.
+
+    Both engines are timed for one seed and for ``seeds`` seeds vmapped (how Fig 4 trains each rank);
+    for the latter the per-step times are divided by the seeds (seconds per seed-step).
+
+    Args:
+        P: training prompts.
+        steps: steps of the two trajectories compared, and of the timed sampled run.
+        seed: base seed.
+        seeds: seeds of the vmapped timing.
+    Returns:
+        JSON-able dict: per-step seconds of each engine after compilation, the statistics pass of the
+        moments engine (once, and amortised over ``steps`` and over Fig 4's 20000 steps), the
+        speedups, the largest relative loss difference over the first ``steps`` steps (one seed), and
+        the load.
+    """
+    load_before = os.getloadavg()
+    lr = REFERENCE_LR
+    run_sampled, run_moments, (t_stats, t_stats_again) = _engines(P, seed, 1, lr)
+
     # The trajectories (also the warm-up of both engines).
     loss_s = np.asarray(run_sampled(steps, record_every=1).loss)[0]
     loss_m = np.asarray(run_moments(steps, record_every=1).loss)[0]
     max_rel_diff = float(np.max(np.abs(loss_m - loss_s) / np.abs(loss_s)))
 
     per_step_s, overhead_s = _per_step(run_sampled, max(steps // 10, 1), steps)
-    per_step_m, overhead_m = _per_step(run_moments, MOMENTS_STEPS // 100, MOMENTS_STEPS)
+    per_step_m, overhead_m = _per_step(run_moments, *MOMENTS_STEPS)
     stats_pass = min(t_stats, t_stats_again)
 
     def amortised(n):
         return per_step_m + stats_pass / n
 
+    many_sampled, many_moments, _ = _engines(P, seed, seeds, lr)
+    per_seed_step_s = _per_step(many_sampled, max(steps // 20, 1), steps // 2)[0] / seeds
+    per_seed_step_m = _per_step(many_moments, *MOMENTS_STEPS)[0] / seeds
+
     return {
         "setting": f"ATTN_S reduced, D={D}, H={H}, R={R}, N={N}, lambda ~ 1/d, P={P}, lr={lr:.4g}, "
-                   f"w_init={W_INIT}, float64, 1 seed",
+                   f"w_init={W_INIT}, float64, 1 seed (and {seeds} seeds vmapped)",
         "sampled_s_per_step": per_step_s,
         "moments_s_per_step": per_step_m,
         "speedup_per_step": per_step_s / per_step_m,
+        f"sampled_s_per_seed_step_{seeds}_seeds": per_seed_step_s,
+        f"moments_s_per_seed_step_{seeds}_seeds": per_seed_step_m,
+        f"speedup_per_seed_step_{seeds}_seeds": per_seed_step_s / per_seed_step_m,
         "moments_statistics_pass_s": stats_pass,
         "moments_statistics_pass_first_call_s": t_stats,
         "moments_s_per_step_amortised_over_steps": amortised(steps),
@@ -119,7 +151,8 @@ def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0) -> dict:
         "compile_and_overhead_per_call_s": {"sampled": overhead_s, "moments": overhead_m},
         "steps_compared": steps,
         "max_relative_loss_difference": max_rel_diff,
-        "timed_steps": {"sampled": [max(steps // 10, 1), steps], "moments": [MOMENTS_STEPS // 100, MOMENTS_STEPS]},
+        "timed_steps": {"sampled": [max(steps // 10, 1), steps], "moments": list(MOMENTS_STEPS),
+                        "note": "the long run doubles until its steps are at least half its time"},
         "moments_unroll": moments.LONG_RUN_UNROLL,
         "targets": "speedup >= 1e4, difference <= 1e-9",
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
