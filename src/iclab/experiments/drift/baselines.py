@@ -210,7 +210,7 @@ register(
             "GLA(λ*) is not below the filters at that γ; the check on stalled models says which. "
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
-        runtime={"quick": "10 s (idle machine; 43 s under load)",
+        runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
                  "paper": "463 s on the idle 2-core machine; 4/7 checks. The γ = 0.85 model rests on the rank-one "
                           "saddle of the full weights (route share 0.997, error 0.358 vs Theorem 2's 0.304; named by "
                           "the saddle check), so there GLA(λ*) is below the simulated filters (LMS 0.364, RLS 0.366) "

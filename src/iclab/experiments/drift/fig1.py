@@ -339,7 +339,7 @@ register(
             "settings: no second route, and every model converges (measured: 13/13 checks, trained errors within "
             "0.04-0.52 % of Theorem 2, (b-d) within 1.6 % of Theorem 3, 628 s).",
         ],
-        runtime={"quick": "11 s (idle machine; 56 s under load)",
+        runtime={"quick": "10 s on the idle 2-core machine (56 s under load)",
                  "paper": "1840-1887 s (two runs) on the idle 2-core machine; 13/15 checks. 15 of the 85 q/k/v "
                           "models rest on the rank-one saddle (11-35 % above Theorem 2, all of them named by the "
                           "saddle check; see the notes), the other 70 are within 0.1-1.9 %; (b-d) is 4.2 % below "

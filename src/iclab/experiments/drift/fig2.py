@@ -266,7 +266,7 @@ register(
             "prompts; one restricted layer is evaluated exactly (theory.drift.restricted_error), two layers by Monte "
             "Carlo beside the 1-layer optimum on 1000 prompts.",
         ],
-        runtime={"quick": "58 s",
+        runtime={"quick": "17 s on the idle 2-core machine (58 s on a slower one)",
                  "paper": "not run to the end: ≈ 4.6 h on the idle 2-core machine. Measured there (forward + "
                           "backward at batch 5000, float32): 2.5 s per step for the five 2-layer models and 5.5 s for "
                           "the five 3-layer ones (the recurrent form is no faster: 2.3 / 4.9 s), so ≈ 8.3 s per Adam "

@@ -494,7 +494,7 @@ register(
             "check; `python -m iclab.experiments.drift._gpt2_fixture DIR` writes a tiny random GPT-2 and tiny "
             "datasets to try it on any machine.",
         ],
-        runtime={"quick": "8 s on the tiny fixture (4/4 checks); not run on GPT-2 small (no weights here)",
+        runtime={"quick": "6 s on the tiny fixture, idle (4/4 checks); not run on GPT-2 small (no weights here)",
                  "paper": "not run: no GPT-2 weights or GLUE data here. Measured on a random-init GPT-2 small: 48 s per "
                           "AdamW step at batch 4 × 450 tokens on 1 core, so 4 fine-tunings × 1000 steps plus the "
                           "evaluation (MNLI: 9815 prompts × 5 k) take days on 2 cores: a GPU job"},

@@ -309,7 +309,7 @@ register(
             "Dashed: the hand-built one-layer GLA predictor sign(Σ λ^{k−i} y_i⟨x_i, x_q⟩) at its best λ on the same "
             "prompts (no training), a reference for the recency trade-off.",
         ],
-        runtime={"quick": "66 s (3 models × 400 steps); 4/4 checks",
+        runtime={"quick": "25 s on the idle 2-core machine (66 s under load; 3 models × 400 steps); 4/4 checks",
                  "paper": "332 s on the idle 2-core machine (4 models × 2000 steps × 3 seeds); 4/4 checks: best λ = 0.9 beats linear attention by paired z = 10.0; accuracy at k = 40: 0.662 (λ = 1) vs 0.688 (λ = 0.9)"},
     )
 )

@@ -277,7 +277,7 @@ register(
                       "record_every": 100},
             "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
-        runtime={"quick": "109 s", "paper": "not run to the end: ≈ 1.5-2 days on 2 cores (measured under load 3 with nbar_layout = "
+        runtime={"quick": "37 s on the idle 2-core machine (109 s on a slower one)", "paper": "not run to the end: ≈ 1.5-2 days on 2 cores (measured under load 3 with nbar_layout = "
                  "padded: 7 min of setup and compilation, then 15 s per Adam step for the 6630 jointly trained "
                  "models (13 kinds × panels, 51 n̄, 10 seeds), × 10 000 steps; plus evaluation); a GPU job"},
         run=run_fig1,

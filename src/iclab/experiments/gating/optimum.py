@@ -190,7 +190,7 @@ register(
         reference="eqs 17, 22, 24, 37; Thms 2-5; spec §4 table",
         config=OptimumConfig,
         presets={"quick": {"n_bars": [0, 1, 2, 5, 10, 15, 20, 30, 40, 50]}, "paper": {}},
-        runtime={"quick": "8 s on the idle 2-core machine (48 s under load)", "paper": "10 s (idle); 9/9 checks"},
+        runtime={"quick": "9 s on the idle 2-core machine (48 s under load)", "paper": "10 s (idle); 9/9 checks"},
         run=run_optimum,
         checks=checks_optimum,
         plot=plot_optimum,

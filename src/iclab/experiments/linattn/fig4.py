@@ -282,7 +282,7 @@ register(
         run=run_rank_sweep,
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
-        runtime={"quick": "24 s", "paper": "9 s on an idle 2-core machine (24.5 s on a slower one, 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
+        runtime={"quick": "9 s on the idle 2-core machine (24 s on a slower one)", "paper": "9 s on an idle 2-core machine (24.5 s on a slower one, 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
         notes=NOTES + [
             "Deviation at the paper preset (measured): R = 1 fails two checks. 2 of 6 seeds are still on L(M_7) "
             "after 20000 steps (final 0.238 vs L(M_8) = 0.210), and one seed merges the escapes from M_4 and "

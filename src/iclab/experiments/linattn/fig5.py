@@ -109,7 +109,7 @@ register(
         run=run_fig5,
         checks=checks_fig5,
         plot=plot_fig5,
-        runtime={"quick": "29 s", "paper": "≈ 28 min (load 5); 'ATTN_M drops once' fails for 2 of 6 seeds"},
+        runtime={"quick": "7 s on the idle 2-core machine (29 s on a slower one)", "paper": "455 s on the idle 2-core machine (≈ 28 min at load 5); 3/4 checks: 'ATTN_M drops once' fails for 2 of 6 seeds"},
         notes=[
             "The paper has no theory for softmax attention: no dashed theory levels, the checks are the qualitative "
             "claim (one drop vs several) and that both models learn.",

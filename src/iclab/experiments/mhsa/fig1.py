@@ -565,12 +565,11 @@ register(
             "value says the B^{-1/2} law holds to ≈ 5 %, so b is resolved to about ±0.01, the size of the tolerance: "
             "the check rules out a population residue well above 1e-2, not one of a few 1e-3.",
         ],
-        runtime={"quick": "75.5 s at load average 1.1-1.7 (other work on the 2 cores), 129 s at load 2.3-3.0; "
+        runtime={"quick": "25 s on the idle 2-core machine (75.5 s at load average 1.1-1.7, 129 s at load 2.3-3.0); "
                           "11/11 checks at base seed 0. Base seed 1: 10/11, the converged-loss check (C7) fails "
                           "narrowly (0.2465 vs ≤ 0.2458), as it did before the spectral model and companion were "
                           "added (same full-model trajectory). Three trainings: full model + spectral model in one "
-                          "loop (batch 1024, 230 steps) and the companion full model at batch 256 (≈ 13 s of XLA "
-                          "compilation each)",
+                          "loop (batch 1024, 230 steps) and the companion full model at batch 256",
                  "paper": "267 s (base seed 0) and 246 s (base seed 1) on the idle 2-core machine; 11/11 checks at "
                           "both: winners within 1.3 % (ω̄) and 1.5-1.7 % (μ) of (4.3), losers' μ/μ_i* 0.0027 / 0.0010 "
                           "and ω̄/ω_0 1.61 / 1.60, converged loss 0.235 / 0.237 vs GF-ICL 0.214, emergence "
