@@ -185,6 +185,39 @@ def test_train_with_shared_statistics_follows_the_sampled_engine():
         train("attn_s", engine="sampled", P=P, stats=stats, **common)
 
 
+@pytest.mark.parametrize("model", ["attn_s", "attn_m", "mlp"])
+def test_train_native_backend_follows_the_xla_backend(model):
+    keys, N, P = _keys(2), 5, 300
+    Lams = jnp.broadcast_to(covariance([0.5, 0.3, 0.2]), (2, 3, 3))
+    stats = prompt_statistics(keys, Lams, N, P)
+    common = dict(keys=keys, Lams=Lams, N=N, H=3, R=2 if model == "attn_s" else 1, w_init=0.5, lr=0.3,
+                  steps=150, record_every=10, engine="moments", stats=stats)
+    ref = train(model, backend="xla", record_params=True, **common)
+    fast = train(model, backend="native", record_params=True, **common)
+    bare = train(model, backend="native", **common)
+    np.testing.assert_allclose(fast.loss, ref.loss, rtol=1e-12)
+    # the population metric: recorded in the XLA loop, read off the recorded weights here
+    np.testing.assert_allclose(fast.metrics["population"], ref.metrics["population"], rtol=1e-11)
+    assert np.asarray(ref.metrics["population"])[:, -1].max() < np.asarray(ref.metrics["population"])[:, 0].min()
+    for name in ref.params:
+        np.testing.assert_allclose(fast.params[name], ref.params[name], rtol=1e-10, atol=1e-13)
+    assert bare.params is None
+    np.testing.assert_array_equal(bare.loss, fast.loss)
+
+
+def test_native_backend_refuses_what_it_cannot_run():
+    keys = _keys(1)
+    Lams = jnp.broadcast_to(covariance([0.6, 0.4]), (1, 2, 2))
+    common = dict(keys=keys, Lams=Lams, N=4, H=2, R=1, w_init=0.5, lr=0.1, steps=5, record_every=5, P=50)
+    for kw in (dict(engine="sampled"), dict(engine="population"), dict(engine="moments", form="full")):
+        with pytest.raises(ValueError, match="native"):
+            train("attn_s", backend="native", **common, **kw)
+    with pytest.raises(ValueError, match="native"):
+        train("softmax_attn_s", engine="sampled", backend="native", **common)
+    with pytest.raises(ValueError, match="backend must be"):
+        train("attn_s", engine="moments", backend="gpu", **common)
+
+
 def test_benchmark_timing_is_the_slope_between_two_runs():
     from iclab.experiments.linattn import _bench
 

@@ -12,7 +12,9 @@ import numpy as np
 
 from iclab.experiments._analysis import drop_intervals
 from iclab.experiments._config import param
-from iclab.experiments.linattn._common import CovarianceConfig, covariances, prompt_statistics, seed_keys, train
+from iclab.experiments.linattn._common import (
+    CovarianceConfig, MomentsBackend, covariances, prompt_statistics, seed_keys, train,
+)
 from iclab.theory import linattn as theory
 
 OdeAlign = Literal["half_rise", "start"]
@@ -44,6 +46,9 @@ class AttnSConfig(CovarianceConfig):
     P: int = param(80_000, "training prompts of the moments engine", paper=80_000,
                    paper_note="the notebook's Fig 3 runs (…_P80000_…); reference README default: 5000",
                    ge=1, le=1_000_000)
+    moments_backend: MomentsBackend = param(
+        "xla", "how the moments engine runs its steps: XLA (xla) or the compiled numba kernel (native, ~4× "
+        "faster per step on a CPU); the same trajectory to rounding")
     population_beside: bool = param(True, "also run population GD (exact expected loss) from the same init")
     record_every: int = param(5, "record the trajectory every this many steps", ge=1, le=1_000_000)
 
@@ -266,7 +271,7 @@ def run_attn_s(config: AttnSConfig, reporter, *, R: int, H: int | None = None, a
         runs.append(("pe_", "population"))
     for prefix, engine in runs:
         if engine == "moments":
-            tr = train("attn_s", engine="moments", P=config.P, stats=stats,
+            tr = train("attn_s", engine="moments", P=config.P, stats=stats, backend=config.moments_backend,
                        label=f"{name}: moments (P = {config.P}, {S} seeds)", **common)
             pop = np.asarray(tr.metrics["population"])
         else:
