@@ -145,3 +145,15 @@ def test_bad_arguments_are_named(kw, match):
     args = dict(model="attn_s", lr=0.1, n_steps=5) | kw
     with pytest.raises(ValueError, match=match):
         moments_native.full_batch(args.pop("model"), params, st, **args)
+
+
+def test_seeds_run_side_by_side_as_they_run_alone():
+    params, st, _ = _problem("attn_s", 3, 3, 1, S=3)
+    kw = dict(lr=0.3, n_steps=200, record_every=10, record_params=True)
+    together = moments_native.full_batch("attn_s", params, st, batched=True, records_per_chunk=4, **kw)
+    for s in range(3):
+        alone = moments_native.full_batch("attn_s", {k: a[s] for k, a in params.items()},
+                                          moments.SufficientStatistics(st.c[s], st.m[s], st.G[s], st.P), **kw)
+        np.testing.assert_array_equal(together.loss[s], alone.loss)
+        for name in params:
+            np.testing.assert_array_equal(together.params[name][s], alone.params[name])

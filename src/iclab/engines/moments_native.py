@@ -23,7 +23,9 @@ constant learning rate only: other optimisers and schedules use :func:`iclab.eng
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 from typing import Literal
 
 import numpy as np
@@ -247,8 +249,8 @@ def full_batch(
     after each call ``callback(step, {"loss": ...})`` reports progress and, when the callback asks
     for it (``stop_on_divergence``), a non-finite loss stops the run with
     :class:`iclab.engines._loop.Diverged`, as in the XLA loop. There are no checkpoints: a run of
-    this engine is short. Seeds (``batched``: a leading axis on params and stats) run one after the
-    other within each chunk.
+    this engine is short. Seeds (``batched``: a leading axis on params and stats) run on up to
+    ``os.cpu_count()`` threads (the kernel releases the GIL); each seed's numbers do not depend on it.
 
     Args:
         model: "attn_s" (params v (H,), k, q (H, R, D)), "attn_m" (v (H,), U (H, D, D)) or "mlp"
@@ -282,19 +284,26 @@ def full_batch(
     seeds = [_Seed(model, {k: a[s] for k, a in params0.items()}, G[s], m[s], c[s], len(steps), D) for s in range(S)]
     guard = DivergenceGuard(callback, batched, record_axis=0)
     t = steps * float(lr)
-    first = 0
-    while first < len(steps):
-        last = min(first + records_per_chunk, len(steps))
-        start = steps[first - 1] if first > 0 else 0
-        rel = (steps[first:last] - start).astype(np.int64)
-        for seed in seeds:
-            seed.run(kernel, float(lr), int(rel[-1]), rel, first)
-        losses = np.stack([seed.loss[:last] for seed in seeds], axis=1)  # (records so far, S)
-        if callback is not None:
-            callback(int(steps[last - 1]), {"loss": losses[-1] if batched else losses[-1, 0]})
-        guard.check([{"loss": losses if batched else losses[:, 0],
-                      "t": np.repeat(t[:last, None], S, axis=1) if batched else t[:last]}], steps)
-        first = last
+    workers = min(S, os.cpu_count() or 1)
+    pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+        first = 0
+        while first < len(steps):
+            last = min(first + records_per_chunk, len(steps))
+            start = steps[first - 1] if first > 0 else 0
+            rel = (steps[first:last] - start).astype(np.int64)
+            # the kernel releases the GIL: with a pool, seeds run on the cores side by side
+            list((pool.map if pool is not None else map)(
+                lambda seed: seed.run(kernel, float(lr), int(rel[-1]), rel, first), seeds))
+            losses = np.stack([seed.loss[:last] for seed in seeds], axis=1)  # (records so far, S)
+            if callback is not None:
+                callback(int(steps[last - 1]), {"loss": losses[-1] if batched else losses[-1, 0]})
+            guard.check([{"loss": losses if batched else losses[:, 0],
+                          "t": np.repeat(t[:last, None], S, axis=1) if batched else t[:last]}], steps)
+            first = last
+    finally:
+        if pool is not None:
+            pool.shutdown()
     loss = np.stack([seed.loss for seed in seeds])
     params = None
     if record_params:

@@ -107,8 +107,8 @@ def bench_linattn(P: int = 80_000, steps: int = 200, seed: int = 0, seeds: int =
     """Moments vs sampled full-batch GD on the reduced ATTN_S, Fig 4 setting (R = 1), one process.
 
     The moments engine runs with both backends (XLA and the compiled kernel). Every engine is timed
-    for one seed and for ``seeds`` seeds (vmapped, or one after the other for the kernel; how Fig 4
-    trains each rank); for the latter the per-step times are divided by the seeds (seconds per
+    for one seed and for ``seeds`` seeds (vmapped, or on one thread per core for the kernel; how
+    Fig 4 trains each rank); for the latter the per-step times are divided by the seeds (seconds per
     seed-step).
 
     Args:
