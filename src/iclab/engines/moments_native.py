@@ -26,7 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import os
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, record_st
 from iclab.engines.moments import SufficientStatistics
 
 NativeModel = Literal["attn_s", "attn_m", "mlp"]
-NATIVE_MODELS: tuple[str, ...] = ("attn_s", "attn_m", "mlp")
+NATIVE_MODELS: tuple[str, ...] = get_args(NativeModel)
 
 # Reassociation and FMA contraction let LLVM vectorise the reductions; no 'nnan'/'ninf', so a
 # diverging run still records NaN and inf as the XLA engine does.
