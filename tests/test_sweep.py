@@ -22,8 +22,7 @@ import pytest
 
 from iclab.cli import main
 from iclab.engines import population
-from iclab.experiments import Experiment, ExperimentConfig, check_abs, param
-from iclab.experiments._registry import _REGISTRY, register
+from iclab.experiments import Experiment, ExperimentConfig, check_abs, param, register, unregister
 from iclab.launch import UserError, run_experiment
 from iclab.progress import Reporter
 from iclab.store import RunLock, Store
@@ -76,7 +75,7 @@ def toy():
                         presets={"quick": {}, "paper": {"steps": 800}}, run=run_toy, checks=checks_toy,
                         plot=plot_toy, grid={"lr": [0.05, 0.1]}))
     yield
-    _REGISTRY.pop(TOY, None)
+    unregister(TOY)
 
 
 def cli(*args):

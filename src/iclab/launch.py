@@ -23,8 +23,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from iclab import __version__
-from iclab.experiments import Check, get_experiment
-from iclab.experiments._registry import all_experiments
+from iclab.experiments import Check, all_experiments, get_experiment
 from iclab.progress import Reporter, RunReporter
 from iclab.store import Store, config_hash
 

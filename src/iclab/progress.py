@@ -98,6 +98,19 @@ class RunReporter(Reporter):
             yield TaskCallback(cb, checkpoint=handle, stop_on_divergence=self.stop_on_divergence, label=description)
 
 
+def task(reporter: Reporter | None, description: str, total: int):
+    """``reporter.task(description, total)``, or a silent task when ``reporter`` is None.
+
+    Args:
+        reporter: any :class:`Reporter`, or None.
+        description: the task's label (also the key of its checkpoints in a launched run).
+        total: the number of units (steps) the task reports.
+    Returns:
+        A context manager yielding a :class:`TaskCallback`.
+    """
+    return (reporter or Reporter()).task(description, total)
+
+
 def default_reporter() -> Reporter:
     """A rich bar when stderr is a terminal and CI is not set; otherwise silence."""
     if not _interactive():

@@ -55,7 +55,7 @@ def test_time_axis_sums_a_schedule():
 
 def test_any_optax_optimiser_matches_its_own_loop():
     params, aux = _problem()
-    tr = population.gradient_descent(_quadratic, params, aux, lr=1e-2, n_steps=30, optimizer=optax.adam,
+    tr = population.gradient_descent(_quadratic, params, aux, lr=1e-2, n_steps=30, optimizer=optax.scale_by_adam(),
                                      record_every=30)
     opt = optax.adam(1e-2)
     state, p = opt.init(params), params

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import iclab  # noqa: F401  (float64)
-from iclab.experiments._registry import get_experiment
+from iclab.experiments import get_experiment
 from iclab.experiments.drift import _common, fig1
 from iclab.progress import Reporter
 from iclab.theory import drift as theory

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import iclab  # noqa: F401  (float64)
-from iclab.experiments._registry import get_experiment
+from iclab.experiments import get_experiment
 from iclab.progress import Reporter
 
 # The tiny run still compiles the depth-2 training loop and the gradient flow (~90 s on 2 cores):

@@ -1,4 +1,4 @@
-"""Engines turn (task, model, optimiser schedule) into a Trajectory on t = Σ lr.
+"""Engines turn (task, model, optimiser, learning rate) into a Trajectory on t = Σ lr; they own all training.
 
 - :mod:`iclab.engines.population`: exact expected loss; gradient descent or gradient flow.
 - :mod:`iclab.engines.sampled`: a fixed training set (full batch) or fresh minibatches.
@@ -6,9 +6,19 @@
   linear in a fixed feature of the prompt; O(dim φ²) per step, independent of P and N.
 - :mod:`iclab.engines.moments_native`: the same GD for the reduced linattn models in compiled
   numba kernels (plain GD, CPU), ~4× faster per step than XLA there.
+- :mod:`iclab.engines.joint`: a grid of independent models trained jointly on shared minibatches,
+  keys depending only on (seed, member, step).
+- :mod:`iclab.engines.linreg`: any registered in-context linear-regression model family
+  (:mod:`iclab.models`) trained by the population, moments or sampled engine.
+
+Every engine takes the optimiser as an optax ``GradientTransformation`` without learning rate and
+the learning rate (a float or a schedule) apart: see :mod:`iclab.engines._descent`.
 """
 
-from iclab.engines import moments, moments_native, population, sampled
-from iclab.engines._loop import Trajectory, record_steps
+from iclab.engines import joint, moments, moments_native, population, sampled
+from iclab.engines._descent import Schedule, as_schedule, with_learning_rate
+from iclab.engines._loop import Diverged, Trajectory, record_steps
+from iclab.engines.joint import Members, seed_keys, train_members
 
-__all__ = ["Trajectory", "moments", "moments_native", "population", "record_steps", "sampled"]
+__all__ = ["Diverged", "Members", "Schedule", "Trajectory", "as_schedule", "joint", "moments", "moments_native",
+           "population", "record_steps", "sampled", "seed_keys", "train_members", "with_learning_rate"]

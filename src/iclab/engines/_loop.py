@@ -60,6 +60,8 @@ class Trajectory(NamedTuple):
         loss: (T,) or (S, T) the objective the engine descends (S seeds when vmapped).
         metrics: dict of extra observed scalars, same shapes as ``loss``.
         params: the parameters at each record (leading (S,) T axis), or None if not recorded.
+        final_params: the parameters after the last step (leading (S,) axis when batched), or None
+            where an engine does not keep them.
     """
 
     step: np.ndarray
@@ -67,6 +69,7 @@ class Trajectory(NamedTuple):
     loss: np.ndarray
     metrics: dict
     params: Any
+    final_params: Any = None
 
 
 class LoopState(NamedTuple):

@@ -1,17 +1,16 @@
-"""Registered figure and table reproductions; see :func:`all_experiments`."""
+"""Registered figure and table reproductions, and what a user needs to write their own.
 
+An experiment (:class:`Experiment`) is a config class (:class:`ExperimentConfig`, fields built with
+:func:`param`), named presets, and three functions: ``run(config, reporter) -> arrays``,
+``checks(config, arrays) -> [Check]`` (:mod:`iclab.experiments.checks`) and ``plot(config, arrays)
+-> Figure``. :func:`register` adds one to the registry that ``iclab run`` reads; a file outside the
+package runs with ``iclab run path/to/file.py:NAME``.
+"""
+
+from iclab.experiments import checks
 from iclab.experiments._config import ExperimentConfig, param
-from iclab.experiments._registry import (
-    Check,
-    Experiment,
-    all_experiments,
-    check_abs,
-    check_at_most,
-    check_equal,
-    check_rel,
-    get_experiment,
-    register,
-)
+from iclab.experiments._registry import Experiment, all_experiments, get_experiment, register, unregister
+from iclab.experiments.checks import Check, check_abs, check_at_least, check_at_most, check_equal, check_rel
 
 __all__ = [
     "Check",
@@ -19,10 +18,13 @@ __all__ = [
     "ExperimentConfig",
     "all_experiments",
     "check_abs",
+    "check_at_least",
     "check_at_most",
     "check_equal",
     "check_rel",
+    "checks",
     "get_experiment",
     "param",
     "register",
+    "unregister",
 ]

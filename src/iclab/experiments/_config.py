@@ -11,11 +11,23 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
+__all__ = ["ExperimentConfig", "TrainingConfig", "field_rows", "param", "validate_eigenvalues"]
+
 UNSPECIFIED = "unspecified"
 
 
 def param(default: Any, description: str, *, paper: Any = None, paper_note: str | None = None, **bounds: Any) -> Any:
-    """A config field with its meaning, bounds (ge/gt/le/lt), and the paper's value."""
+    """A config field with its meaning, bounds (ge/gt/le/lt), and the paper's value.
+
+    Args:
+        default: our default value.
+        description: what the field is, in the paper's terms.
+        paper: the paper's (or its reference code's) value; None when it gives none.
+        paper_note: where the paper's value comes from, or that the paper leaves it unspecified.
+        bounds: pydantic bounds (ge, gt, le, lt), shown by ``iclab show`` and in every error message.
+    Returns:
+        A pydantic ``Field``.
+    """
     extra = {"paper": paper, "paper_note": paper_note}
     return Field(default, description=description, json_schema_extra=extra, **bounds)
 
@@ -29,8 +41,73 @@ class ExperimentConfig(BaseModel):
     seeds: int = param(1, "number of independent seeds (init and data), run together with vmap", ge=1, le=1024)
 
 
+def validate_eigenvalues(values: list[float] | None, size: int, size_name: str) -> list[float] | None:
+    """Checks a list of covariance eigenvalues: all finite and > 0, ``size`` of them (None passes).
+
+    Args:
+        values: the eigenvalues, or None (a config's default spectrum).
+        size: the input dimension they must match.
+        size_name: that dimension's field name (``D`` or ``d``), named in the error.
+    Raises:
+        ValueError: one line naming what is wrong.
+    """
+    if values is None:
+        return None
+    if len(values) == 0 or any(not (0 < v < float("inf")) for v in values):
+        raise ValueError("eigenvalues must all be finite and > 0")
+    if len(values) != size:
+        raise ValueError(f"eigenvalues must have {size_name} = {size} entries (got {len(values)})")
+    return values
+
+
+class TrainingConfig(ExperimentConfig):
+    """An optimiser on the shared time axis t = Σ lr: steps, learning rate and schedule, the optax update
+    direction, per-model gradient clipping and the training dtype. Papers redeclare the fields whose
+    defaults (and paper values) differ."""
+
+    steps: int = param(1000, "optimiser steps", ge=1, le=10_000_000)
+    lr: float = param(1e-3, "learning rate (the peak of the schedule)", gt=0, le=100)
+    lr_schedule: Literal["constant", "cosine"] = param(
+        "constant", "learning-rate schedule: constant, or cosine decay to 0 over the run")
+    optimizer: Literal["gd", "adam", "adamw"] = param("adam", "optimiser: plain GD, Adam, or AdamW (decoupled weight decay)")
+    b1: float = param(0.9, "Adam β1", ge=0, lt=1)
+    b2: float = param(0.999, "Adam β2", ge=0, lt=1)
+    weight_decay: float = param(0.0, "AdamW (decoupled) weight decay (optimizer adamw only)", ge=0, le=10)
+    clip_norm: float = param(0.0, "clip each model's gradient to this Euclidean norm before the optimiser (0: off)",
+                             ge=0, le=1e6)
+    dtype: Literal["float32", "float64"] = param("float32", "training dtype (data, weights, gradients)")
+
+    def schedule(self):
+        """The learning rate: the float ``lr``, or an optax schedule of the step (cosine decay)."""
+        import optax
+
+        return optax.cosine_decay_schedule(self.lr, self.steps) if self.lr_schedule == "cosine" else self.lr
+
+    def transformation(self):
+        """The optax update direction without learning rate (engines apply lr themselves)."""
+        import optax
+
+        if self.optimizer == "gd":
+            return optax.identity()
+        adam = optax.scale_by_adam(b1=self.b1, b2=self.b2)
+        if self.optimizer == "adam":
+            return adam
+        return optax.chain(adam, optax.add_decayed_weights(self.weight_decay))
+
+    def jnp_dtype(self):
+        """``dtype`` as a jax.numpy dtype."""
+        import jax.numpy as jnp
+
+        return jnp.dtype(self.dtype)
+
+
 def field_rows(config_cls: type[BaseModel], presets: dict[str, dict]) -> list[dict]:
-    """One row per config field: name, type, description, bounds, preset values, paper value."""
+    """One row per config field: name, type, description, bounds, preset values, paper value.
+
+    Args:
+        config_cls: an experiment's config class.
+        presets: preset name -> field overrides.
+    """
     rows = []
     for name, info in config_cls.model_fields.items():
         extra = info.json_schema_extra or {}

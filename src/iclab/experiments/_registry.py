@@ -15,64 +15,7 @@ from typing import Callable
 import numpy as np
 
 from iclab.experiments._config import ExperimentConfig
-
-
-@dataclass(frozen=True)
-class Check:
-    """A named comparison of a measured value with its expected value at a stated tolerance."""
-
-    name: str
-    measured: float
-    expected: float
-    tolerance: float
-    passed: bool
-    comparison: str = "abs"
-    note: str = ""
-
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "measured": _plain(self.measured),
-            "expected": _plain(self.expected),
-            "tolerance": _plain(self.tolerance),
-            "comparison": self.comparison,
-            "passed": bool(self.passed),
-            "note": self.note,
-        }
-
-
-def _plain(x):
-    x = np.asarray(x).item() if np.ndim(x) == 0 else x
-    return float(x) if isinstance(x, (float, np.floating, int, np.integer)) and not isinstance(x, bool) else x
-
-
-def check_abs(name: str, measured, expected, tol: float, note: str = "") -> Check:
-    """|measured − expected| ≤ tol."""
-    measured, expected = float(measured), float(expected)
-    return Check(name, measured, expected, tol, bool(abs(measured - expected) <= tol), "abs", note)
-
-
-def check_rel(name: str, measured, expected, tol: float, note: str = "") -> Check:
-    """|measured − expected| ≤ tol·|expected|."""
-    measured, expected = float(measured), float(expected)
-    return Check(name, measured, expected, tol, bool(abs(measured - expected) <= tol * abs(expected)), "rel", note)
-
-
-def check_at_most(name: str, measured, bound: float, note: str = "") -> Check:
-    """measured ≤ bound (e.g. a relative difference that must be tiny)."""
-    measured = float(measured)
-    return Check(name, measured, float(bound), 0.0, bool(measured <= bound), "le", note)
-
-
-def check_at_least(name: str, measured, bound: float, note: str = "") -> Check:
-    """measured ≥ bound (e.g. a z-score that must be large)."""
-    measured = float(measured)
-    return Check(name, measured, float(bound), 0.0, bool(measured >= bound), "ge", note)
-
-
-def check_equal(name: str, measured, expected, note: str = "") -> Check:
-    """measured == expected exactly (counts)."""
-    return Check(name, float(measured), float(expected), 0.0, bool(measured == expected), "eq", note)
+from iclab.experiments.checks import Check  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -120,9 +63,16 @@ class Experiment:
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register(experiment: Experiment) -> Experiment:
-    """Adds an experiment to the registry (ids are unique)."""
-    if experiment.id in _REGISTRY:
+def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
+    """Adds an experiment to the registry.
+
+    Args:
+        experiment: the experiment; its id must be new unless ``replace``.
+        replace: allow replacing an experiment of the same id (a notebook cell run again).
+    Returns:
+        The experiment.
+    """
+    if experiment.id in _REGISTRY and not replace:
         raise ValueError(f"experiment {experiment.id} registered twice")
     for required in ("quick", "paper"):
         if required not in experiment.presets:
@@ -133,6 +83,15 @@ def register(experiment: Experiment) -> Experiment:
                              "and give a non-empty list of values")
     _REGISTRY[experiment.id] = experiment
     return experiment
+
+
+def unregister(exp_id: str) -> None:
+    """Removes an experiment from the registry (nothing if it is not registered).
+
+    Args:
+        exp_id: the experiment's id.
+    """
+    _REGISTRY.pop(exp_id, None)
 
 
 def _discover() -> None:

@@ -1,0 +1,16 @@
+"""Models: pure functions (params, prompts) -> ŷ, one module per architecture, and the family registry.
+
+- :mod:`iclab.models.linattn`: linear (and softmax) attention ATTN_M, ATTN_S and the cubic-feature
+  MLP of the linattn paper, reduced and full-matrix forms.
+- :mod:`iclab.models.gla`: gated linear attention on delimited multi-task prompts (gating).
+- :mod:`iclab.models.gla_forget`: GLA with a forget factor λ on drifting-task prompts (drift).
+- :mod:`iclab.models.mhsa`: multi-head softmax attention and its spectral (decomposable) form (mhsa).
+- :mod:`iclab.models.gpt2_gla`: GPT-2 with (gated) linear attention (torch; the ``llm`` extra).
+
+A model family (:class:`ModelFamily`) bundles a module's init, prediction and reduced forms behind one
+protocol; :func:`register_model` makes it usable by every engine that accepts its task.
+"""
+
+from iclab.models._family import ModelFamily, get_model, model_families, register_model
+
+__all__ = ["ModelFamily", "get_model", "model_families", "register_model"]

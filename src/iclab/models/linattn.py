@@ -268,3 +268,56 @@ def next_token_features(prompts: Prompts, normalization: str = "context") -> tup
     x_n = xs[:, 1:, :]
     z = jnp.einsum("pnj,pni->pnji", x_n, beta).reshape(x_n.shape[0], x_n.shape[1], -1)
     return z, ys[:, 1:]
+
+
+# ----------------------------------------------------------------------------------------------
+# The families of this module, registered for the linreg engines (:mod:`iclab.engines.linreg`).
+
+
+def _init_attn_m(key, *, D: int, H: int, w_init: float, R: int = 1):
+    return init_attn_m(key, D, H, w_init)
+
+
+def _init_attn_s(key, *, D: int, H: int, w_init: float, R: int = 1):
+    return init_attn_s(key, D, H, R, w_init)
+
+
+def _init_mlp(key, *, D: int, H: int, w_init: float, R: int = 1):
+    return mlp_from_attn_m(init_attn_m(key, D, H, w_init))  # the same initial function as ATTN_M (eq 7)
+
+
+def _full_init(reduced_init, build):
+    def init(key, *, D: int, H: int, w_init: float, R: int = 1, full_scale: float = 0.0):
+        k = jax.random.fold_in(key, 99) if full_scale > 0 else None
+        return build(reduced_init(key, D=D, H=H, R=R, w_init=w_init), k, full_scale)
+
+    return init
+
+
+def _register():
+    from iclab.models._family import ModelFamily, register_model
+
+    for family in (
+        ModelFamily("attn_m", "linreg", _init_attn_m, predict_attn_m, effective_matrix_attn_m, tensor_attn_m,
+                    cubic_feature, full_form="attn_m_full",
+                    description="ATTN_M, merged key-query, reduced form (eq M): ŷ_q = Σ_i v_i βᵀ U_i x_q"),
+        ModelFamily("attn_s", "linreg", _init_attn_s, predict_attn_s, effective_matrix_attn_s, tensor_attn_s,
+                    cubic_feature, full_form="attn_s_full",
+                    description="ATTN_S, separate key and query of rank R, reduced form (eq S)"),
+        ModelFamily("mlp", "linreg", _init_mlp, predict_mlp, effective_matrix_mlp, tensor_mlp, cubic_feature,
+                    description="2-layer linear MLP on the cubic feature z = vec(β x_qᵀ) (eqs 6-7)"),
+        ModelFamily("attn_m_full", "linreg", _full_init(_init_attn_m, attn_m_full_from_reduced), predict_attn_m_full,
+                    tensor=tensor_attn_m_full, feature=full_feature,
+                    description="ATTN_M, full-matrix form: X + Σ_i (1/N) W^V_i X Xᵀ W^KQ_i X"),
+        ModelFamily("attn_s_full", "linreg", _full_init(_init_attn_s, attn_s_full_from_reduced), predict_attn_s_full,
+                    tensor=tensor_attn_s_full, feature=full_feature,
+                    description="ATTN_S, full-matrix form: X + Σ_i (1/N) W^V_i X Xᵀ W^Kᵀ_i W^Q_i X"),
+        ModelFamily("softmax_attn_m", "linreg", _init_attn_m, predict_softmax_attn_m, options=("rho",),
+                    description="softmax ATTN_M (Sec 2.2), scores x_mᵀ U_i x_q / ρ"),
+        ModelFamily("softmax_attn_s", "linreg", _init_attn_s, predict_softmax_attn_s, options=("rho",),
+                    description="softmax ATTN_S (Sec 2.2), scores Σ_r (k_{i,r}ᵀx_m)(q_{i,r}ᵀx_q) / ρ"),
+    ):
+        register_model(family)
+
+
+_register()

@@ -38,7 +38,7 @@ from pydantic import field_validator, model_validator
 
 from iclab.engines import sampled
 from iclab.experiments._config import ExperimentConfig, param
-from iclab.experiments._registry import check_equal
+from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.theory import drift as theory

@@ -10,7 +10,8 @@ from pydantic import model_validator
 
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, figure
-from iclab.experiments._registry import Experiment, check_abs, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_at_most, check_equal
 from iclab.experiments.drift._common import (
     PAPER,
     PAPER_GAMMAS,

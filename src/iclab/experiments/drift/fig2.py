@@ -11,7 +11,8 @@ from pydantic import model_validator
 from iclab.engines import population
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
-from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most
 from iclab.experiments.drift._common import (
     PAPER,
     Group,

@@ -36,7 +36,8 @@ from pydantic import field_validator
 
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, figure
-from iclab.experiments._registry import Experiment, check_at_least, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.experiments.drift._common import PAPER
 
 Task = Literal["sst2", "mnli"]

@@ -27,7 +27,8 @@ from pydantic import field_validator, model_validator
 
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
-from iclab.experiments._registry import Experiment, check_at_least, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.experiments.drift._common import PAPER
 
 SUBSTITUTE = ("SUBSTITUTE, not the paper's SST-2/MNLI result: a GPT-2-architecture model trained from scratch on a "

@@ -9,7 +9,8 @@ from pydantic import field_validator
 
 from iclab.experiments._config import param
 from iclab.experiments._plot import figure
-from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most
 from iclab.experiments.gating._common import (
     COLOR,
     PANELS,

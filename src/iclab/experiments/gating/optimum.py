@@ -9,7 +9,8 @@ from pydantic import field_validator, model_validator
 
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, figure
-from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most
 from iclab.experiments.gating._common import PANELS, PAPER
 from iclab.theory import wpgd as theory
 

@@ -9,7 +9,8 @@ import numpy as np
 from iclab.engines import population
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, MODEL_COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import (
     AttnSConfig, drop_end_times, eigenbasis, first_crossing_interp, run_attn_s,
 )

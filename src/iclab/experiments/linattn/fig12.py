@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from iclab.experiments._config import param
-from iclab.experiments._registry import Experiment, register
+from iclab.experiments import Experiment, register
 from iclab.experiments.linattn._common import PAPER
 from iclab.experiments.linattn.fig4 import NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, run_rank_sweep
 

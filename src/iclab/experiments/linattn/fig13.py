@@ -8,7 +8,8 @@ from pydantic import field_validator
 
 from iclab.experiments._config import param
 from iclab.experiments._plot import figure
-from iclab.experiments._registry import Experiment, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import (
     AttnSConfig, moments_statistics, plateau_errors, plateau_points, plot_rank_column, run_attn_s,
 )

@@ -12,7 +12,8 @@ from pydantic import field_validator
 from iclab.engines import moments, sampled
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure
-from iclab.experiments._registry import Experiment, check_abs, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_at_most, check_equal
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys
 from iclab.models import linattn as models
 from iclab.tasks.linreg import fixed_task_vector, sample_mixture_prompts, sample_prompts

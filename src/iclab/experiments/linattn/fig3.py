@@ -8,7 +8,8 @@ import numpy as np
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, MODEL_COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import AttnSConfig, OdeAlign, plateau_errors, run_attn_s
 from iclab.experiments.linattn._common import PAPER
 

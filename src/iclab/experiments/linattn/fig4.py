@@ -15,7 +15,8 @@ from iclab.engines import moments
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_abs, check_at_least, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_at_least
 from iclab.experiments.linattn._common import (
     PAPER, CovarianceConfig, MomentsBackend, Statistics, covariances, prompt_statistics, seed_keys, train,
 )

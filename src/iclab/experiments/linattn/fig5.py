@@ -7,7 +7,8 @@ import numpy as np
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_at_least, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_least, check_at_most, check_equal
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, seed_keys, train
 
 

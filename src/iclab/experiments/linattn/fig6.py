@@ -11,7 +11,8 @@ from iclab.engines import population
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_abs, check_equal, check_rel, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_equal, check_rel
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys
 from iclab.models import linattn as models
 from iclab.theory import linattn as theory

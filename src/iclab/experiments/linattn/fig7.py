@@ -12,7 +12,8 @@ from iclab.engines import moments, population
 from iclab.experiments._analysis import drop_intervals
 from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_abs, check_at_most, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_at_most, check_equal
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys
 from iclab.models import linattn as models
 from iclab.tasks.linreg import sample_prompts

@@ -8,7 +8,8 @@ from pydantic import field_validator, model_validator
 from iclab.experiments._analysis import count_drops, drop_tolerance
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_abs, check_equal, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_equal
 from iclab.experiments.linattn._common import (
     PAPER, CovarianceConfig, Statistics, covariances, prompt_statistics, seed_keys, train,
 )

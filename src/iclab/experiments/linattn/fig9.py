@@ -7,7 +7,8 @@ import numpy as np
 
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure
-from iclab.experiments._registry import Experiment, check_abs, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_abs, check_at_most
 from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, seed_keys, train
 from iclab.theory import linattn as theory
 

@@ -26,7 +26,8 @@ from pydantic import model_validator
 from iclab.engines import sampled
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure, theory_levels
-from iclab.experiments._registry import Experiment, check_at_most, check_equal, check_rel, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most, check_equal, check_rel
 from iclab.experiments.mhsa._common import PAPER, seed_keys
 from iclab.models import mhsa as models
 from iclab.tasks.multitask_regression import TaskStructure, homogeneous, sample_prompts, target_second_moment

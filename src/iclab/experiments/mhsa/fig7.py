@@ -17,7 +17,8 @@ from pydantic import model_validator
 
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, figure
-from iclab.experiments._registry import Experiment, check_at_most, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most
 from iclab.experiments.mhsa import fig5
 from iclab.experiments.mhsa._common import PAPER
 from iclab.theory import mhsa as theory

@@ -19,7 +19,8 @@ import numpy as np
 
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
-from iclab.experiments._registry import Experiment, check_at_most, check_rel, register
+from iclab.experiments import Experiment, register
+from iclab.experiments.checks import check_at_most, check_rel
 from iclab.experiments.mhsa._common import PAPER
 from iclab.theory import mhsa as theory
 

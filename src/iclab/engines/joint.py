@@ -1,0 +1,235 @@
+"""The joint trainer: a grid of independent models ("members") trained together on shared minibatches.
+
+Figures of these papers train many small models that differ in a setting (a forget factor λ, a
+task correlation, a context length n̄, a depth) and are compared on the same data. Training them
+one by one wastes the sampling, which is most of a step's cost, and compiles one loop per model.
+:func:`train_members` trains every member of a grid in ONE loop, on the sum of the members' losses
+
+    L(θ_1, …, θ_M) = Σ_m ℓ_m(θ_m; batch_k),   batch_k = sampler(fold_in(key_data, k), aux),
+
+with one fresh batch per step shared by every member (common random numbers). Since ∂L/∂θ_m =
+∂ℓ_m/∂θ_m, any optimiser that acts elementwise (GD, Adam, AdamW, with per-member gradient clipping,
+``clip_norm``) moves each member exactly as if it were trained alone on the same batches. Seeds are
+vmapped.
+
+Members come in groups (:class:`Members`): the members of a group share a parameter structure and
+are stacked along leading member axes (e.g. (panel, n̄)); different groups may differ in structure
+(e.g. one group per model kind or depth). Keys depend only on (seed, member id, step):
+
+- seed s: key_s = fold_in(PRNGKey(seed), s) (:func:`seed_keys`);
+- member m's init: ``init(fold_in(fold_in(key_s, init_stream), id_m), setting_m)``;
+- step k's batch: ``sampler(fold_in(fold_in(key_s, data_stream), k), aux)``.
+
+so a subset of the members (a group with fewer ids and their settings) trained alone follows the
+same trajectory, to float rounding, as inside the full grid, provided the sampler's batch does not
+depend on which members train: the base for sharding a figure across machines.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclab.engines._descent import Schedule, descend
+from iclab.engines._loop import Trajectory
+from iclab.progress import Reporter, task
+
+__all__ = ["Members", "clip_by_member_norm", "each_member", "init_members", "member_keys", "seed_keys",
+           "train_members"]
+
+
+class Members(NamedTuple):
+    """A group of members with one parameter structure, stacked along ``ids.ndim`` leading axes.
+
+    Attributes:
+        init: ``init(key, setting) -> params`` of ONE member (its key and its setting).
+        loss: ``loss(params, batch, settings) -> losses``: the whole group at once, params and settings
+            with the leading member axes, losses of shape ``ids.shape``; vectorise it as the data
+            allows (:func:`each_member` vmaps a one-member loss over the member axes).
+        ids: (*shape,) integers, the members' global indices in the grid (distinct across groups);
+            they alone fix each member's init key.
+        settings: a pytree with leading axes ``ids.shape`` (e.g. each member's λ), or None.
+    """
+
+    init: Callable[[jax.Array, Any], Any]
+    loss: Callable[[Any, Any, Any], jax.Array]
+    ids: np.ndarray
+    settings: Any = None
+
+
+def each_member(loss_one: Callable[[Any, Any, Any], jax.Array], ndim: int = 1) -> Callable:
+    """A group loss from a one-member loss: ``loss_one(params, batch, setting) -> scalar`` vmapped over
+    ``ndim`` leading member axes of params and settings; the batch is shared (not mapped).
+
+    Args:
+        loss_one: the loss of one member on the shared batch.
+        ndim: number of leading member axes.
+    Returns:
+        ``loss(params, batch, settings) -> (*shape,)``.
+    """
+    fn = loss_one
+    for _ in range(ndim):
+        fn = jax.vmap(fn, in_axes=(0, None, 0))
+    return fn
+
+
+def seed_keys(seed: int, seeds: int) -> jax.Array:
+    """One key per seed: key_s = fold_in(PRNGKey(seed), s), s = 0..seeds−1.
+
+    Args:
+        seed: the base seed of a run.
+        seeds: number of seeds.
+    Returns:
+        (seeds, 2) uint32 keys.
+    """
+    base = jax.random.PRNGKey(seed)
+    return jnp.stack([jax.random.fold_in(base, s) for s in range(seeds)])
+
+
+def member_keys(key: jax.Array, ids, stream: int) -> jax.Array:
+    """Init keys of members: fold_in(fold_in(key, stream), id) for each id.
+
+    Args:
+        key: (2,) one seed's key.
+        ids: (*shape,) member ids.
+        stream: the init stream (separates init from data and evaluation keys).
+    Returns:
+        (*shape, 2) keys.
+    """
+    ids = jnp.asarray(ids)
+    base = jax.random.fold_in(key, stream)
+    flat = jax.vmap(lambda i: jax.random.fold_in(base, i))(ids.reshape(-1))
+    return flat.reshape(ids.shape + flat.shape[1:])
+
+
+def init_members(group: Members, keys: jax.Array, stream: int = 1):
+    """Initial params of a group for every seed.
+
+    Args:
+        group: the members.
+        keys: (S, 2) seed keys.
+        stream: the init stream of :func:`member_keys`.
+    Returns:
+        params with leading (S, *shape) axes.
+    """
+    ids = np.asarray(group.ids)
+    shape = ids.shape
+
+    def one_seed(key):
+        mk = member_keys(key, ids, stream).reshape((-1, 2))
+        settings = None if group.settings is None else jax.tree_util.tree_map(
+            lambda a: jnp.reshape(a, (-1,) + jnp.shape(a)[len(shape):]), group.settings)
+        flat = jax.vmap(group.init)(mk, settings)
+        return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), flat)
+
+    # One compiled init: it runs once, so LLVM optimisation is skipped (it costs seconds of compile time).
+    return jax.jit(jax.vmap(one_seed), compiler_options={"xla_backend_optimization_level": 0})(keys)
+
+
+def clip_by_member_norm(max_norm: float, member_ndim: Mapping[str, int]) -> optax.GradientTransformation:
+    """Scales each member's update to Euclidean norm ≤ max_norm, every member by its own norm.
+
+    The updates are a dict group -> pytree whose leaves carry ``member_ndim[group]`` leading member axes
+    (after any seed axis, which vmap removes). Equal to ``optax.clip_by_global_norm(max_norm)`` applied
+    to each member alone: one global norm over the grid would couple the members.
+
+    Args:
+        max_norm: > 0.
+        member_ndim: group name -> number of leading member axes.
+    """
+    if not max_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 (got {max_norm})")
+
+    def clip(tree, lead):
+        leaves = jax.tree_util.tree_leaves(tree)
+        sq = sum(jnp.sum(g.reshape(g.shape[:lead] + (-1,)) ** 2, axis=-1) for g in leaves)
+        factor = jnp.minimum(1.0, max_norm / jnp.maximum(jnp.sqrt(sq), 1e-30))
+        return jax.tree_util.tree_map(
+            lambda g: g * factor.reshape(factor.shape + (1,) * (g.ndim - lead)).astype(g.dtype), tree)
+
+    def update(updates, state, params=None):
+        return {name: clip(tree, member_ndim[name]) for name, tree in updates.items()}, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def train_members(
+    groups: Mapping[str, Members],
+    sampler: Callable[[jax.Array, Any], Any],
+    *,
+    keys: jax.Array,
+    lr: Schedule,
+    n_steps: int,
+    optimizer: optax.GradientTransformation | None = None,
+    clip_norm: float | None = None,
+    record_every: int = 1,
+    aux: Any = None,
+    metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+    record_member_loss: bool = True,
+    record_params: bool = False,
+    params0: Mapping[str, Any] | None = None,
+    init_stream: int = 1,
+    data_stream: int = 2,
+    reporter: Reporter | None = None,
+    label: str = "train",
+) -> Trajectory:
+    """Trains every member of every group jointly on shared minibatches, every seed at once (module docstring).
+
+    Args:
+        groups: name -> :class:`Members`.
+        sampler: ``sampler(key, aux) -> batch``, one fresh batch per step shared by every member.
+        keys: (S, 2) seed keys (:func:`seed_keys`).
+        lr: a float or a schedule step -> lr; t = Σ lr.
+        n_steps: optimiser steps.
+        optimizer: the update direction, an optax GradientTransformation without learning rate
+            (None: plain GD; ``optax.scale_by_adam()``: Adam); see :mod:`iclab.engines._descent`.
+        clip_norm: clip each member's gradient to this norm before the optimizer (None: no clipping).
+        record_every: record spacing in steps.
+        aux: constants of the run, per seed (leading S axis), passed to the sampler and the metrics.
+        metrics: {name: fn(params, aux)} recorded beside the loss (params: dict group -> one seed's params).
+        record_member_loss: record each member's loss as metric ``member_loss`` (dict group -> (S, T, *shape)).
+        record_params: record the params at every record (leading (S, T) axes).
+        params0: initial params per group (leading (S, *shape) axes) instead of each group's ``init``
+            (e.g. a theory init that needs no key); the keys then fix the data only.
+        init_stream, data_stream: the fold_in streams of the init and data keys.
+        reporter: progress reporter (None: silent); the loop is one task named ``label``.
+    Returns:
+        A Trajectory: ``loss`` (S, T) is the summed loss Σ_m ℓ_m of the batch the next step uses;
+        ``final_params`` the params after the last step (dict group -> (S, *shape, ...)).
+    """
+    if not groups:
+        raise ValueError("train_members needs at least one group of members")
+    all_ids = np.concatenate([np.asarray(g.ids).reshape(-1) for g in groups.values()])
+    if np.unique(all_ids).size != all_ids.size:
+        raise ValueError("member ids must be distinct across the groups of a grid")
+    keys = jnp.asarray(keys)
+    if params0 is None:
+        params0 = {name: init_members(g, keys, init_stream) for name, g in groups.items()}
+    settings = {name: g.settings for name, g in groups.items()}
+
+    def member_losses(params, state):
+        batch = sampler(jax.random.fold_in(state.key, state.step), state.aux)
+        return {name: g.loss(params[name], batch, settings[name]) for name, g in groups.items()}
+
+    def total(losses):
+        return sum(jnp.sum(v) for v in losses.values())
+
+    def objective(params, state):
+        return total(member_losses(params, state))
+
+    def observation(params, state):  # the loss of the batch the next step uses, and each member's share
+        losses = member_losses(params, state)
+        return total(losses), {"member_loss": losses}
+
+    if clip_norm:
+        ndim = {name: np.asarray(g.ids).ndim for name, g in groups.items()}
+        optimizer = optax.chain(clip_by_member_norm(clip_norm, ndim), optimizer or optax.identity())
+    data_keys = jax.vmap(lambda k: jax.random.fold_in(k, data_stream))(keys)
+    with task(reporter, label, n_steps) as cb:
+        return descend(objective, params0, aux, lr=lr, n_steps=n_steps, optimizer=optimizer, key=data_keys,
+                       record_every=record_every, metrics=dict(metrics or {}), record_params=record_params,
+                       batched=True, callback=cb, observation=observation if record_member_loss else None)
