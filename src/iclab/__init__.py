@@ -2,10 +2,35 @@
 
 Importing iclab turns on float64 in JAX: theory and the exact engines need it, and a
 sampled engine that wants float32 asks for it explicitly.
+
+The notebook surface (each also what a CLI command does)::
+
+    import iclab
+    r = iclab.run_experiment("linattn.fig1", "quick", {"N": 63})   # iclab run linattn.fig1 --set N=63
+    r.arrays["sampled_attn_m"], r.checks, r.figure()
+    iclab.runs()                                                    # iclab runs (a pandas DataFrame)
+    iclab.load(r.path)                                              # reopen a stored run
+    iclab.run_sweep("linattn.fig1", {"w_init": [1e-6, 1e-4]})      # iclab sweep
+
+Subpackages: :mod:`iclab.tasks`, :mod:`iclab.models`, :mod:`iclab.engines`, :mod:`iclab.theory`,
+:mod:`iclab.experiments`.
 """
+
+import importlib
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
 __version__ = "0.1.0"
+
+# Loaded on first use: a reused run or `iclab list` should not pay for the launcher's imports.
+_LAZY = {"run_experiment": "iclab.launch", "RunResult": "iclab.launch", "run_sweep": "iclab.sweep",
+         "load": "iclab.results", "runs": "iclab.results"}
+__all__ = ["RunResult", "__version__", "load", "run_experiment", "run_sweep", "runs"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

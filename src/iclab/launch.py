@@ -10,6 +10,7 @@ NaN or infinite: the finite part of the trajectory is stored), or ``failed`` (an
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -34,7 +35,22 @@ class UserError(Exception):
 
 @dataclass
 class RunResult:
-    """What a run produced: its folder, checks, whether it was reused, and its wall time."""
+    """A stored run as an object: its arrays, config, checks and figure at hand.
+
+    Returned by :func:`run_experiment` and :func:`iclab.load`; nothing here parses files by hand.
+
+    Attributes:
+        experiment: the experiment's id.
+        path: the run's folder in the result store.
+        config: the resolved config (JSON types); :meth:`config_model` gives the validated object.
+        checks: the checks, as stored (dicts: name, measured, expected, tolerance, comparison, passed, note).
+        reused: whether a stored result was reused instead of computed.
+        wall_s: wall time of the computation (of the reuse, when reused).
+        status: ``done`` or ``diverged``.
+        diverged: where and how the loss stopped being finite (None unless diverged).
+        resumed: notes of the checkpoints it resumed from.
+        source: ``path/to/file.py:NAME`` for an experiment defined outside the package, else None.
+    """
 
     experiment: str
     path: Path
@@ -45,12 +61,48 @@ class RunResult:
     status: str = "done"
     diverged: dict | None = None
     resumed: list[str] = field(default_factory=list)
+    source: str | None = None
+    _arrays: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
+        """True when the run finished (not diverged) and every check passed."""
         return self.status == "done" and all(c["passed"] for c in self.checks)
 
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every stored array (``trajectories.npz``), by name, loaded once."""
+        if self._arrays is None:
+            with np.load(self.path / "trajectories.npz") as data:
+                self._arrays = {k: data[k] for k in data.files}
+        return self._arrays
+
+    @property
+    def failed_checks(self) -> list[dict]:
+        """The checks that did not pass."""
+        return [c for c in self.checks if not c["passed"]]
+
+    def experiment_object(self):
+        """The :class:`iclab.experiments.Experiment` that produced this run (its file is loaded again
+        for an experiment defined outside the package)."""
+        return experiment_or_error(self.source or self.experiment)
+
+    def config_model(self):
+        """The validated config object of this run (the experiment's pydantic config class)."""
+        return self.experiment_object().config.model_validate(self.config)
+
+    def figure(self):
+        """The run's figure, drawn again from the stored arrays (a matplotlib Figure).
+
+        A diverged run gives the plot of its finite trajectory; a finished one the experiment's own plot.
+        """
+        if self.status == "diverged":
+            return _diverged_figure(self.experiment, self.arrays, (self.diverged or {}).get("message", "diverged"))
+        exp = self.experiment_object()
+        return exp.plot(exp.config.model_validate(self.config), self.arrays)
+
     def as_dict(self) -> dict:
+        """The run as plain JSON types (``iclab run --json``)."""
         out = {
             "experiment": self.experiment,
             "path": str(self.path),
@@ -65,15 +117,99 @@ class RunResult:
             out["diverged"] = self.diverged
         if self.resumed:
             out["resumed"] = self.resumed
+        if self.source:
+            out["source"] = self.source
         return out
 
 
+#: Experiments loaded from files outside the package: id -> "absolute/path.py:NAME".
+_USER_SOURCES: dict[str, str] = {}
+
+
+def is_file_reference(ref: str) -> bool:
+    """Whether ``ref`` names an experiment in a file (``path/to/file.py:NAME``) rather than a registered id."""
+    path, sep, name = str(ref).rpartition(":")
+    return bool(sep) and path.endswith(".py")
+
+
+def load_experiment_file(ref: str):
+    """Loads ``path/to/file.py:NAME``: imports the file and registers the :class:`Experiment` it names.
+
+    The file is imported as a module of its own (its folder need not be a package); the experiment is
+    registered under its own ``id`` (replacing an earlier load of the same file), so the store, checks,
+    sweeps, resume and report treat it as any other.
+
+    Args:
+        ref: ``path/to/file.py:NAME`` (relative to the current directory, or absolute).
+    Returns:
+        The experiment.
+    Raises:
+        UserError: one line, when the file is missing or fails to import, NAME is not in it, or it is
+            not an Experiment.
+    """
+    import importlib.util
+    import re
+    import sys
+
+    from iclab.experiments import Experiment, register
+
+    path_text, _, name = str(ref).rpartition(":")
+    path = Path(path_text).expanduser()
+    if not name.isidentifier():
+        raise UserError(f"{ref}: expected path/to/file.py:NAME with NAME a Python identifier")
+    if not path.is_file():
+        raise UserError(f"{ref}: no such file {str(path)!r}")
+    path = path.resolve()
+    module_name = "iclab_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"{ref}: {str(path)!r} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's file: its error is one line, not our traceback
+        sys.modules.pop(module_name, None)
+        text = " ".join(str(err).split())
+        raise UserError(f"{ref}: importing {path.name} failed: {type(err).__name__}: {text}") from None
+    if not hasattr(module, name):
+        found = sorted(k for k, v in vars(module).items() if isinstance(v, Experiment))
+        raise UserError(f"{ref}: {path.name} defines no {name!r}"
+                        + (f"; experiments in it: {', '.join(found)}" if found else "; it defines no Experiment"))
+    exp = getattr(module, name)
+    if not isinstance(exp, Experiment):
+        raise UserError(f"{ref}: {name} is a {type(exp).__name__}, not an iclab Experiment "
+                        "(iclab.experiments.Experiment)")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", exp.id):
+        raise UserError(f"{ref}: experiment id {exp.id!r} must be letters, digits, '_', '.' or '-'")
+    try:
+        register(exp, replace=exp.id in _USER_SOURCES)
+    except ValueError as err:
+        raise UserError(f"{ref}: {err} (a registered experiment has this id)") from None
+    _USER_SOURCES[exp.id] = f"{path}:{name}"
+    return exp
+
+
+def experiment_ref(exp) -> str:
+    """What a worker process needs to find ``exp``: its id, or ``path.py:NAME`` for a user file."""
+    return _USER_SOURCES.get(exp.id, exp.id)
+
+
 def experiment_or_error(exp_id: str):
+    """The experiment of a registered id or of a ``path/to/file.py:NAME`` reference.
+
+    Args:
+        exp_id: ``paper.figN`` or ``path/to/file.py:NAME``.
+    Raises:
+        UserError: one line naming the known experiments, or what is wrong with the file.
+    """
+    if is_file_reference(exp_id):
+        return load_experiment_file(exp_id)
     try:
         return get_experiment(exp_id)
     except KeyError:
         known = ", ".join(all_experiments())
-        raise UserError(f"unknown experiment {exp_id!r}; known: {known}") from None
+        raise UserError(f"unknown experiment {exp_id!r}; known: {known} (or path/to/file.py:NAME)") from None
 
 
 def path_overrides(exp_id: str, **paths) -> dict:
@@ -198,7 +334,7 @@ def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkp
         (bytes), "wall_s", "resumed" (notes), "diverged" (dict or None), "host"}.
     """
     from iclab.checkpoint import RunCheckpoints
-    from iclab.engines._loop import Diverged
+    from iclab.engines import Diverged
 
     start = time.perf_counter()
     checkpoints = None
@@ -281,7 +417,8 @@ def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved:
     if payload.get("resumed"):
         metrics["resumed"] = payload["resumed"]
     return store.write(exp_id, digest, {
-        "config.json": {"experiment": exp_id, "preset": preset, "config": resolved},
+        "config.json": {"experiment": exp_id, "preset": preset, "config": resolved,
+                        **({"source": _USER_SOURCES[exp_id]} if exp_id in _USER_SOURCES else {})},
         "trajectories.npz": payload["arrays"],
         "figure.png": payload["figure_png"],
         "figure.pdf": payload["figure_pdf"],
@@ -301,10 +438,15 @@ def end_row(store: Store, row: int, payload: dict) -> None:
 
 
 def stored_result(exp_id: str, path: Path, resolved: dict, wall_s: float, reused: bool = True) -> RunResult:
-    """The RunResult of a stored run folder."""
+    """The RunResult of a stored run folder.
+
+    Args:
+        exp_id: the experiment's id; path: the run folder; resolved: its resolved config;
+        wall_s: the time to report; reused: whether it was reused rather than computed now.
+    """
     metrics = json.loads((path / "metrics.json").read_text())
     return RunResult(exp_id, path, resolved, metrics["checks"], reused, wall_s, metrics.get("status", "done"),
-                     metrics.get("diverged"), metrics.get("resumed", []))
+                     metrics.get("diverged"), metrics.get("resumed", []), source=_USER_SOURCES.get(exp_id))
 
 
 def run_experiment(
@@ -320,12 +462,24 @@ def run_experiment(
     checkpoint_seconds: float | None = None,
     on_wait=None,
 ) -> RunResult:
-    """Runs (or reuses) one experiment and stores it; see the module docstring.
+    """Runs (or reuses) one experiment and stores it; see the module docstring. ``iclab run`` is this call.
 
     Args:
+        exp_id: a registered id (``linattn.fig1``) or ``path/to/file.py:NAME`` (an experiment defined in a
+            file of yours: :func:`load_experiment_file`).
+        preset: ``quick``, ``paper`` or another preset of the experiment.
+        overrides: config fields to set, {field: value}.
+        seeds: number of seeds (overrides the config's ``seeds``).
+        root: results root (default ``$ICLAB_RESULTS`` or ``./iclab-results``).
+        force: recompute even if a stored result exists.
+        reporter: progress reporter (default silent).
         checkpoint_every, checkpoint_seconds: checkpoint interval (chunks, seconds); defaults from
             ``ICLAB_CHECKPOINT_EVERY`` / ``ICLAB_CHECKPOINT_SECONDS``; 0 chunks turns them off.
         on_wait: called (no arguments) if another process is computing this run and we wait for it.
+    Returns:
+        The :class:`RunResult`: ``result.arrays["loss"]``, ``result.checks``, ``result.figure()``, ``result.path``.
+    Raises:
+        UserError: bad input (one line; nothing written).
     """
     exp, config = resolve_config(exp_id, preset, overrides, seeds)
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
@@ -364,7 +518,8 @@ def run_experiment(
     finally:
         lock.release()
     return RunResult(exp.id, path, resolved, payload["checks"], False, payload["wall_s"], payload["status"],
-                     payload["diverged"], payload["resumed"])
+                     payload["diverged"], payload["resumed"], source=_USER_SOURCES.get(exp.id),
+                     _arrays=payload["arrays"])
 
 
 def _figure_bytes(fig) -> tuple[bytes, bytes]:

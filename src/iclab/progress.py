@@ -26,7 +26,7 @@ class TaskCallback:
 
     Attributes:
         checkpoint: a :class:`iclab.checkpoint.TaskCheckpoint`, or None (no checkpoints).
-        stop_on_divergence: the engines' loop raises :class:`iclab.engines._loop.Diverged` when
+        stop_on_divergence: the engines' loop raises :class:`iclab.engines.Diverged` when
             the recorded loss stops being finite.
         label: the task's description (named in a divergence report).
     """

@@ -41,6 +41,7 @@ from iclab.launch import (
     compute_point,
     end_row,
     experiment_or_error,
+    experiment_ref,
     resolve_config,
     store_payload,
 )
@@ -409,7 +410,25 @@ def run_sweep(
     checkpoint_seconds: float | None = None,
     progress: SweepProgress | None = None,
 ) -> SweepResult:
-    """Runs every point of a grid (see the module docstring) and returns what became of each."""
+    """Runs every point of a grid (see the module docstring) and returns what became of each. ``iclab sweep``.
+
+    Args:
+        exp_id: a registered id or ``path/to/file.py:NAME``.
+        grid: field -> values; the points are their product (None: the experiment's own grid).
+        preset: the preset every point starts from; overrides: fields fixed at every point.
+        seeds: number of seeds of every point.
+        root: results root (default ``$ICLAB_RESULTS`` or ``./iclab-results``).
+        executor: ``local`` (a process pool here) or ``ray`` (a running Ray cluster); address: the Ray address.
+        workers: points computed at once (local default: one per core; ray: the cluster's CPUs).
+        retries: times a point whose worker died is retried.
+        force: recompute points that have a stored result.
+        checkpoint_every, checkpoint_seconds: checkpoint interval of every point.
+        progress: a SweepProgress display (default silent).
+    Returns:
+        SweepResult: one PointResult per point (status done, cached, diverged or failed; checks; path).
+    Raises:
+        UserError: bad input (one line; nothing runs).
+    """
     if executor not in EXECUTORS:
         raise UserError(f"executor must be one of {', '.join(EXECUTORS)} (got {executor!r})")
     if workers is not None and workers < 1:
@@ -479,7 +498,7 @@ def run_sweep(
                     shutil.rmtree(running, ignore_errors=True)
                 row = store.begin(exp.id, point.digest, preset, point.config)
                 attempts[point.digest] += 1
-                args = (exp.id, point.config, point.digest, str(root_abs / ".running" / running.name),
+                args = (experiment_ref(exp), point.config, point.digest, str(root_abs / ".running" / running.name),
                         every, seconds, driver_host)
                 inflight[ex.submit(args)] = (point, lock, row, time.perf_counter())
                 progress.update(counts["done"], counts["failed"], counts["cached"], len(inflight))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iclab.engines import moments, moments_native, sampled
-from iclab.engines._loop import Diverged
+from iclab.engines import Diverged
 from iclab.models import linattn as m
 from iclab.tasks.linreg import covariance, sample_prompts
 

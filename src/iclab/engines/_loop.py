@@ -85,7 +85,13 @@ class LoopState(NamedTuple):
 
 
 def record_steps(n_steps: int, record_every: int) -> np.ndarray:
-    """Steps at which a run of n_steps records: 0, r, 2r, ... and always the last step."""
+    """Steps at which a run of n_steps records: 0, r, 2r, ... and always the last step.
+
+    Args:
+        n_steps: steps of the run; record_every: the spacing r.
+    Returns:
+        (T,) int array of steps.
+    """
     steps = np.arange(0, n_steps + 1, record_every)
     if steps[-1] != n_steps:
         steps = np.append(steps, n_steps)

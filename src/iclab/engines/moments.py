@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from iclab.engines._descent import descend
 from iclab.engines._loop import Trajectory
 
+__all__ = ["LONG_RUN_UNROLL", "SufficientStatistics", "full_batch", "quadratic_loss", "sufficient_statistics"]
+
 
 class SufficientStatistics(NamedTuple):
     """c = mean(y²) (), m = mean(y φ) (F,), G = mean(φφᵀ) (F, F), over P samples."""
@@ -37,6 +39,9 @@ def sufficient_statistics(features: jax.Array, targets: jax.Array, chunk: int = 
     Args:
         features: (P, F) φ of each prompt.
         targets: (P,) y of each prompt.
+        chunk: rows per accumulation step (memory bound).
+    Returns:
+        SufficientStatistics (c, m, G, P).
     """
     P, F = features.shape
     c = jnp.zeros((), features.dtype)
@@ -56,7 +61,13 @@ LONG_RUN_UNROLL = 32
 
 
 def quadratic_loss(T: jax.Array, stats: SufficientStatistics) -> jax.Array:
-    """Full-batch mean squared loss c − 2⟨T, m⟩ + Tᵀ G T of the predictor ⟨T, φ⟩."""
+    """Full-batch mean squared loss c − 2⟨T, m⟩ + Tᵀ G T of the predictor ⟨T, φ⟩.
+
+    Args:
+        T: (F,) the tensor of the predictor; stats: the data's sufficient statistics.
+    Returns:
+        The scalar loss.
+    """
     return stats.c - 2.0 * T @ stats.m + T @ (stats.G @ T)
 
 
@@ -71,11 +82,17 @@ def full_batch(
 ) -> Trajectory:
     """Full-batch descent on ``quadratic_loss(tensor_fn(params), stats)``.
 
-    ``metrics`` receive (params, extra): ``extra`` is any pytree the metrics need (e.g. the
-    covariance, to record the population loss of the weights). With ``batched``, params, stats
-    and extra carry a leading seed axis (``P`` is static and shared). Other ``options`` are those
-    of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer, record_every,
-    record_params, batched, callback, unroll: see ``LONG_RUN_UNROLL``).
+    Args:
+        tensor_fn: params -> T (F,), the predictor ŷ = ⟨T(θ), φ⟩.
+        params0: initial params (leading seed axis S when ``batched``).
+        stats: the sufficient statistics (leading seed axis when batched; ``P`` is static and shared).
+        metrics: {name: fn(params, extra)} recorded beside the loss.
+        extra: any pytree the metrics need (e.g. the covariance, to record the population loss).
+        options: those of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer, record_every,
+            record_params, batched, callback, unroll: see ``LONG_RUN_UNROLL``).
+    Returns:
+        A Trajectory on t = Σ lr; ``loss`` is the full-batch training loss, equal to full-batch GD on the
+        prompts up to rounding.
     """
 
     def objective(params, state):

@@ -33,6 +33,8 @@ import numpy as np
 from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, record_steps
 from iclab.engines.moments import SufficientStatistics
 
+__all__ = ["NATIVE_MODELS", "NativeModel", "full_batch"]
+
 NativeModel = Literal["attn_s", "attn_m", "mlp"]
 NATIVE_MODELS: tuple[str, ...] = get_args(NativeModel)
 
@@ -243,7 +245,7 @@ def full_batch(
 ) -> Trajectory:
     """Plain GD with constant ``lr`` on ``quadratic_loss(T(θ), stats)`` for a reduced linattn model.
 
-    The contract of :func:`iclab.engines.moments.full_batch` with ``optimizer=optax.sgd``: records
+    The contract of :func:`iclab.engines.moments.full_batch` with plain GD (``optimizer=None``): records
     at steps 0, r, 2r, ... and the last; ``loss`` is the full-batch loss of the params at each
     record; t = step·lr. The loop runs on the host, ``records_per_chunk`` records per kernel call;
     after each call ``callback(step, {"loss": ...})`` reports progress and, when the callback asks

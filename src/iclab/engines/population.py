@@ -19,13 +19,21 @@ import numpy as np
 from iclab.engines._descent import descend
 from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, _concat, loop_checkpoint
 
+__all__ = ["gradient_descent", "gradient_flow"]
+
 
 def gradient_descent(loss_fn: Callable[[Any, Any], jax.Array], params0, aux=None, **options) -> Trajectory:
-    """Descends the exact expected loss ``loss_fn(params, aux)``.
+    """Descends the exact expected loss: θ_{k+1} = θ_k − lr_k u_k, u_k the optimizer's direction of ∇L(θ_k).
 
-    ``options`` are those of :func:`iclab.engines._descent.descend`: lr (float or schedule),
-    n_steps, optimizer (any optax factory; plain GD by default), record_every, metrics
-    ({name: fn(params, aux)}), record_params, batched (leading seed axis), callback.
+    Args:
+        loss_fn: the closed-form expected loss, (params, aux) -> scalar.
+        params0: initial params (leading seed axis S when ``batched``).
+        aux: constants of the loss (covariance, E(1/N), ...), batched with the params.
+        options: those of :func:`iclab.engines._descent.descend`: lr (float or schedule), n_steps,
+            optimizer (an optax GradientTransformation without lr; None: plain GD), record_every,
+            metrics ({name: fn(params, aux)}), record_params, batched, callback, unroll.
+    Returns:
+        A Trajectory on t = Σ lr whose ``loss`` is the expected loss at each record.
     """
     return descend(lambda params, state: loss_fn(params, state.aux), params0, aux, **options)
 
@@ -56,8 +64,13 @@ def gradient_flow(
         n_records: evenly spaced record times in [0, t_max] (ignored if ``ts`` is given).
         ts: explicit record times, increasing, starting at 0.
         rtol, atol: step-size controller tolerances.
+        metrics: {name: fn(params, aux)} recorded beside the loss.
+        record_params: also record the params at every record time.
+        batched: vmap over a leading seed axis of params0 and aux.
+        callback: progress callback (checkpoints and divergence guard, see :mod:`iclab.engines._loop`).
+        max_steps: the solver's step budget per record interval.
     Returns:
-        A Trajectory with step = NaN (gradient flow has no steps).
+        A Trajectory with step = NaN (gradient flow has no steps) and ``final_params`` the params at t_max.
     """
     if not t_max > 0:
         raise ValueError(f"t_max must be > 0 (got {t_max})")
@@ -127,7 +140,8 @@ def gradient_flow(
     obs = _concat(records, axis)
     loss = obs.pop("loss")
     params_rec = obs.pop("params", None)
-    return Trajectory(step=np.full(len(ts), np.nan), t=ts, loss=loss, metrics=obs, params=params_rec)
+    return Trajectory(step=np.full(len(ts), np.nan), t=ts, loss=loss, metrics=obs, params=params_rec,
+                      final_params=params)
 
 
 def _digest(a: np.ndarray) -> str:

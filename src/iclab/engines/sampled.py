@@ -18,12 +18,20 @@ import jax
 from iclab.engines._descent import descend
 from iclab.engines._loop import Trajectory
 
+__all__ = ["full_batch", "minibatch"]
+
 
 def full_batch(loss_fn: Callable[[Any, Any], jax.Array], params0, data, **options) -> Trajectory:
-    """Full-batch descent on ``loss_fn(params, data)``; ``metrics`` receive (params, data).
+    """Full-batch descent on the training loss of a fixed data set, ``loss_fn(params, data)``.
 
-    ``options`` are those of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer,
-    record_every, metrics, record_params, batched, callback).
+    Args:
+        loss_fn: (params, data) -> scalar training loss.
+        params0: initial params (leading seed axis S when ``batched``).
+        data: the training set (batched with the params); ``metrics`` receive (params, data).
+        options: those of :func:`iclab.engines._descent.descend` (lr, n_steps, optimizer, record_every,
+            metrics, record_params, batched, callback, unroll).
+    Returns:
+        A Trajectory on t = Σ lr; ``loss`` is the training loss at each record.
     """
     return descend(lambda params, state: loss_fn(params, state.aux), params0, data, **options)
 
@@ -38,8 +46,15 @@ def minibatch(
 ) -> Trajectory:
     """Descent on ``loss_fn(params, sampler(fold_in(key, step), aux))``, a fresh batch per step.
 
-    The recorded ``loss`` is that of the batch the next step would use; ``metrics`` receive
-    (params, aux). With ``batched``, ``key`` may be one key (split per seed) or one per seed.
+    Args:
+        loss_fn: (params, batch) -> scalar.
+        params0: initial params (leading seed axis S when ``batched``).
+        sampler: (key, aux) -> batch.
+        key: the data key; with ``batched``, one key (split per seed) or one per seed.
+        aux: constants passed to the sampler and the metrics ((params, aux)).
+        options: those of :func:`iclab.engines._descent.descend`.
+    Returns:
+        A Trajectory on t = Σ lr whose ``loss`` is that of the batch the next step would use.
     """
     return descend(
         lambda params, state: loss_fn(params, sampler(jax.random.fold_in(state.key, state.step), state.aux)),

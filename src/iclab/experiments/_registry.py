@@ -54,7 +54,13 @@ class Experiment:
     preflight: Callable | None = None
 
     def resolve(self, preset: str, overrides: dict | None = None) -> ExperimentConfig:
-        """The config of a preset with field overrides applied (validated)."""
+        """The config of a preset with field overrides applied (validated).
+
+        Args:
+            preset: a preset name (``quick``, ``paper``, ...); overrides: {field: value}.
+        Raises:
+            pydantic.ValidationError: an override out of its field's range.
+        """
         values = dict(self.presets[preset])
         values.update(overrides or {})
         return self.config(**values)
@@ -112,6 +118,9 @@ def all_experiments() -> dict[str, Experiment]:
 
 def get_experiment(exp_id: str) -> Experiment:
     """The experiment with this id; KeyError if none.
+
+    Args:
+        exp_id: ``paper.name``, e.g. ``linattn.fig1``.
 
     Ids are ``paper.name``: importing the paper's package alone registers it, which keeps a
     reused run from importing every other paper's modules (and their dependencies)."""

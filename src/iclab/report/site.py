@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from iclab.experiments import all_experiments
+from iclab.launch import UserError, load_experiment_file
 from iclab.store import Store
 
 CSS = """
@@ -57,6 +58,7 @@ class RunEntry:
     config: dict
     metrics: dict
     ended: float | None
+    source: str | None = None
 
     @property
     def slug(self) -> str:
@@ -78,7 +80,7 @@ def collect_runs(store_root: str | Path) -> list[RunEntry]:
         if key in seen:
             continue
         seen[key] = RunEntry(row["experiment"], key[1], path, cfg["config"],
-                             json.loads((path / "metrics.json").read_text()), row["ended"])
+                             json.loads((path / "metrics.json").read_text()), row["ended"], cfg.get("source"))
     return sorted(seen.values(), key=lambda r: (r.experiment, r.preset))
 
 
@@ -129,7 +131,7 @@ def write_curves_csv(arrays: dict, dest: Path) -> int:
 
 def _command(entry: RunEntry, exp) -> str:
     base = exp.resolve(entry.preset).model_dump(mode="json") if exp and entry.preset in exp.presets else {}
-    parts = ["iclab", "run", entry.experiment, "--preset", entry.preset]
+    parts = ["iclab", "run", entry.source or entry.experiment, "--preset", entry.preset]
     for key, value in entry.config.items():
         if key in base and base[key] != value:
             parts += ["--set", f"{key}={json.dumps(value, separators=(',', ':'))}"]
@@ -210,7 +212,13 @@ def build_site(store_root: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "style.css").write_text(CSS)
-    registry = all_experiments()
+    registry = dict(all_experiments())
+    for e in entries:  # experiments defined in a user's file: load it again for the title and notes
+        if e.experiment not in registry and e.source:
+            try:
+                registry[e.experiment] = load_experiment_file(e.source)
+            except UserError:
+                pass
     by_paper: dict[str, list[RunEntry]] = {}
     for e in entries:
         exp = registry.get(e.experiment)
