@@ -24,6 +24,7 @@ import os
 import re
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,15 @@ class LoopCheckpoint:
             arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            try:
+                with open(tmp, "wb") as f:
+                    np.savez(f, **arrays)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            finally:  # a partial file (a full disk) must not stay behind and keep the disk full
+                if tmp.exists():
+                    tmp.unlink()
         except (OSError, TypeError, ValueError) as err:  # an unwritable node or an unsaveable leaf
             self._broken = True
             warnings.warn(f"checkpoints of {self.label!r} are off: {type(err).__name__}: {err}", stacklevel=2)
@@ -152,8 +157,9 @@ class LoopCheckpoint:
                     return None
                 state = jax.tree_util.tree_unflatten(s_def, [_restore(t, a) for t, a in zip(s_leaves, saved)])
                 r_leaves = [z[f"r{i}"] for i in range(meta["n_records"])]
-        except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
-            warnings.warn(f"ignoring unreadable checkpoint {self.path}: {err}", stacklevel=2)
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+            # a truncated or corrupt file (a crash while it was written elsewhere, a damaged disk): start afresh
+            warnings.warn(f"ignoring unreadable checkpoint {self.path}: {type(err).__name__}: {err}", stacklevel=2)
             return None
         if records_template is not None:
             r_def = jax.tree_util.tree_structure(records_template)

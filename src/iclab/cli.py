@@ -19,7 +19,18 @@ from rich.console import Console
 from rich.table import Table
 
 from iclab.bench import BENCHMARKS
-from iclab.launch import UserError, experiment_or_error, parse_assignment, path_overrides, run_experiment
+from iclab.launch import (
+    RunDamaged,
+    UserError,
+    experiment_or_error,
+    parse_assignments,
+    path_overrides,
+    results_root,
+    run_experiment,
+    writable_file,
+    writable_folder,
+)
+from iclab.store import StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="iclab: reproduce and check the theory of in-context learning in attention models.")
@@ -85,7 +96,7 @@ def run_cmd(
     preset: str = typer.Option("quick", "--preset", help="quick (≤ 60 s on 2 cores) or paper (the paper's settings)"),
     assignments: Optional[List[str]] = typer.Option(None, "--set", help="override a config field: key=value (repeatable)"),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="number of seeds (vmapped)"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
     force: bool = typer.Option(False, "--force", help="recompute even if a stored result exists"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     checkpoint_every: Optional[int] = typer.Option(
@@ -95,6 +106,8 @@ def run_cmd(
                                               "(experiments with a model_path field: drift.gpt2)"),
     data_path: Optional[Path] = typer.Option(None, "--data-path", help="local dataset folder (experiments with a "
                                              "data_path field: drift.gpt2)"),
+    no_repair: bool = typer.Option(False, "--no-repair", help="report a damaged stored result (exit 1) instead of "
+                                   "moving it to .damaged/ and recomputing it"),
 ) -> None:
     """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
 
@@ -102,10 +115,13 @@ def run_cmd(
     stops it as diverged (exit 1), with the finite part of its trajectory stored."""
     from iclab.progress import default_reporter
 
-    overrides = dict(parse_assignment(a) for a in assignments or [])
-    overrides.update(path_overrides(experiment, model_path=model_path, data_path=data_path))
+    overrides = parse_assignments(assignments)
+    for key, value in path_overrides(experiment, model_path=model_path, data_path=data_path).items():
+        if key in overrides:
+            raise UserError(f"{key} is set by both --set and --{key.replace('_', '-')}")
+        overrides[key] = value
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
-                            reporter=default_reporter(), checkpoint_every=checkpoint_every,
+                            reporter=default_reporter(), checkpoint_every=checkpoint_every, repair=not no_repair,
                             on_wait=lambda: print("another process is computing this run: waiting for it",
                                                   file=sys.stderr))
     if as_json:
@@ -144,7 +160,7 @@ def sweep_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="points computed at once (local default: one per "
                                           "core, 1 runs in this process; ray default: the cluster's CPUs)"),
     retries: int = typer.Option(2, "--retries", help="times a point whose worker died is retried"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
     force: bool = typer.Option(False, "--force", help="recompute points that have a stored result"),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="checkpoint every K chunks (see run)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the points (and which are stored) without running"),
@@ -159,11 +175,11 @@ def sweep_cmd(
     from iclab.store import Store
     from iclab.sweep import parse_grid, plan_sweep, run_sweep
 
-    overrides = dict(parse_assignment(a) for a in assignments or [])
+    overrides = parse_assignments(assignments)
     grid = parse_grid(grids)
     if dry_run:
         exp, points = plan_sweep(experiment, grid, preset, overrides, seeds)
-        store = Store(out_dir)
+        store = Store(results_root(out_dir))
         rows = [{"values": p.values, "config_hash": p.digest,
                  "stored": store.finished(exp.id, p.digest) is not None} for p in points]
         if as_json:
@@ -200,8 +216,8 @@ def sweep_cmd(
 def runs_cmd(
     experiment: Optional[str] = typer.Option(None, "--experiment", help="only this experiment"),
     status: Optional[str] = typer.Option(None, "--status", help="only this status: running, done, failed, diverged, interrupted"),
-    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
-    limit: int = typer.Option(0, "--limit", help="at most this many rows, newest first (0: all)"),
+    results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many rows, newest first (default: all)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """List runs from the result store's index, newest first."""
@@ -209,8 +225,13 @@ def runs_cmd(
 
     if status is not None and status not in STATUSES:
         raise UserError(f"--status must be one of {', '.join(STATUSES)} (got {status!r})")
-    rows = Store(results).rows(experiment=experiment, status=status)
-    if limit > 0:
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be ≥ 1 (got {limit})")
+    store = Store(readable_root(results))
+    rows = store.rows(experiment=experiment, status=status)
+    if experiment is not None and not rows and not store.rows(experiment=experiment):
+        _known_experiment(experiment)
+    if limit is not None:
         rows = rows[:limit]
     if as_json:
         for r in rows:
@@ -226,23 +247,25 @@ def runs_cmd(
         table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], r["preset"] or "",
                       f"[{colour}]{r['status']}[/{colour}]", checks, wall, started, (r["error"] or "")[:60])
     out.print(table)
-    out.print(f"{len(rows)} runs in {Store(results).root}")
+    out.print(f"{len(rows)} runs in {store.root}")
 
 
 @app.command("export")
 def export_cmd(
     experiment: str = typer.Argument(..., help="experiment id, e.g. linattn.fig1"),
     fmt: str = typer.Option("csv", "--format", help="csv or parquet (parquet needs pyarrow)"),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="output file (default <results>/exports/<experiment>.<format>)"),
-    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    out_file: Optional[str] = typer.Option(None, "--out", help="output file (default <results>/exports/<experiment>.<format>)"),
+    results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
 ) -> None:
     """Write one table of configs and metrics (check values) across the stored runs of an experiment."""
     from iclab.export import FORMATS, export_rows, write_csv, write_parquet
-    from iclab.store import default_root
 
     exp = experiment_or_error(experiment)
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    root = readable_root(results)
+    if out_file is not None:
+        writable_file(out_file, "--out")
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
@@ -250,12 +273,12 @@ def export_cmd(
         except ImportError:
             raise UserError("parquet export needs pyarrow: pip install pyarrow (or 'iclab[parquet]'), "
                             "or use --format csv") from None
-    root = results or default_root()
-    columns, rows = export_rows(root, exp.id, list(exp.config.model_fields))
+    columns, rows = export_rows(root, exp.id, list(exp.config.model_fields), on_damaged=_warn_damaged)
     if not rows:
         print(f"No stored runs of {exp.id} in {root}: run it first, e.g. `iclab run {exp.id}`.", file=sys.stderr)
         raise typer.Exit(1)
-    path = out_file or Path(root) / "exports" / f"{exp.id}.{fmt}"
+    path = Path(out_file).expanduser() if out_file is not None else Path(root) / "exports" / f"{exp.id}.{fmt}"
+    writable_folder(path.parent, "the exports folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     (write_csv if fmt == "csv" else write_parquet)(path, columns, rows)
     out.print(f"{len(rows)} runs × {len(columns)} columns: {path}")
@@ -263,17 +286,17 @@ def export_cmd(
 
 @app.command("report")
 def report_cmd(
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="site folder (default: <results root>/report)"),
-    results: Optional[Path] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="site folder (default: <results root>/report)"),
+    results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
     open_browser: bool = typer.Option(False, "--open", help="open the index in a web browser"),
 ) -> None:
     """Build a static HTML report of every finished run: figures, checks, configs, data."""
     from iclab.report import build_site
-    from iclab.store import default_root
 
-    root = results or default_root()
+    root = readable_root(results)
+    site = writable_folder(out_dir, "--out") if out_dir is not None else writable_folder(root / "report", "the report folder")
     try:
-        index = build_site(root, out_dir or root / "report")
+        index = build_site(root, site, on_damaged=_warn_damaged)
     except FileNotFoundError:
         print(f"No finished runs in {root}: run an experiment first, e.g. `iclab run linattn.fig1`, "
               "then `iclab report`.", file=sys.stderr)
@@ -308,6 +331,78 @@ def bench_cmd(
     out.print(table)
 
 
+@app.command("verify")
+def verify_cmd(
+    experiment: Optional[str] = typer.Argument(None, help="only this experiment's runs (default: every run)"),
+    results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+) -> None:
+    """Check every stored run folder against its manifest (sizes and SHA-256 of its files); exit 1 on damage."""
+    from iclab.store import Store
+
+    store = Store(readable_root(results))
+    if experiment is not None and not store.folders(experiment):
+        _known_experiment(experiment)
+    folders = store.folders(experiment)
+    bad = 0
+    for folder in folders:
+        problems = store.verify(folder)
+        if problems:
+            bad += 1
+            print(f"damaged: {folder.name}: {'; '.join(problems)}", file=sys.stderr)
+    out.print(f"{len(folders) - bad} of {len(folders)} stored runs intact in {store.root}"
+              + (f"; {bad} damaged (a run of the same config moves a damaged folder to .damaged/ and recomputes it)"
+                 if bad else ""))
+    if bad:
+        raise typer.Exit(1)
+
+
+index_app = typer.Typer(no_args_is_help=True, help="The result store's index (index.sqlite).")
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("rebuild")
+def index_rebuild_cmd(
+    results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
+) -> None:
+    """Rebuild index.sqlite from the run folders (the old file is moved aside, never deleted)."""
+    from iclab.store import Store
+
+    root = readable_root(results)
+    writable_folder(root, "--results")
+    n, moved = Store(root).rebuild_index()
+    out.print(f"indexed {n} stored runs in {root / 'index.sqlite'}"
+              + (f"; the old index is kept as {moved.name}" if moved is not None else ""))
+
+
+def readable_root(results: Optional[str]) -> Path:
+    """The results root a reading command uses: one line (UserError) when it names a file or lies under one."""
+    from iclab.store import default_root
+
+    if results is not None and not str(results).strip():
+        raise UserError("--results is empty: name a folder")
+    root = Path(results).expanduser() if results is not None else default_root()
+    probe = root
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        what = "--results" if results is not None else "ICLAB_RESULTS"
+        raise UserError(f"{what} {root} {'names a file' if probe == root else f'lies under the file {probe}'}: "
+                        "name a folder")
+    return root
+
+
+def _known_experiment(experiment: str) -> None:
+    from iclab.experiments import all_experiments
+
+    if experiment not in all_experiments():
+        raise UserError(f"unknown experiment {experiment!r}; known: {', '.join(all_experiments())}")
+
+
+def _warn_damaged(path: Path, problems: list[str]) -> None:
+    print(f"warning: skipping the damaged run {path.name}: {'; '.join(problems)} (`iclab verify` lists them)",
+          file=sys.stderr)
+
+
 def _fmt(x) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
@@ -317,19 +412,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Without standalone mode, an Exit(code) raised in a command comes back as the return value.
         rc = app(args=argv, standalone_mode=False)
-    except UserError as err:
+    except (UserError, StoreError) as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except RunDamaged as err:
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+        return 1
     except typer.Exit as err:
         return err.exit_code
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted; run the same command to resume", file=sys.stderr)
         return 130
     except TyperException as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
             return 0
         print(f"error: {_one_line(err.format_message())}", file=sys.stderr)
         return 2
+    if rc == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a silent Exit(130); none of our commands exits 130
+        print("interrupted; run the same command to resume", file=sys.stderr)
     return rc if isinstance(rc, int) else 0
 
 

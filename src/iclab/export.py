@@ -23,8 +23,14 @@ FIXED = ["experiment", "preset", "config_hash", "status", "passed", "checks_pass
          "diverged_step", "last_finite_loss", "error"]
 
 
-def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[str] | None = None) -> tuple[list[str], list[dict]]:
-    """(columns, rows) of every stored run of ``exp_id`` under ``root``."""
+def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[str] | None = None, *,
+                on_damaged=None) -> tuple[list[str], list[dict]]:
+    """(columns, rows) of every stored run of ``exp_id`` under ``root``.
+
+    Args:
+        root: the results root; exp_id: the experiment; field_order: config fields first in the columns.
+        on_damaged: called with (folder, problems) for each damaged folder, which is skipped.
+    """
     store = Store(root)
     pattern = re.compile(rf"^{re.escape(exp_id)}-([0-9a-f]{{16}})$")
     rows, configs = [], []
@@ -32,6 +38,11 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
         for path in sorted(store.root.iterdir()):
             m = pattern.match(path.name)
             if not m or not (path / "metrics.json").is_file():
+                continue
+            problems = store.verify(path)
+            if problems:
+                if on_damaged is not None:
+                    on_damaged(path, problems)
                 continue
             metrics = json.loads((path / "metrics.json").read_text())
             cfg = json.loads((path / "config.json").read_text())
@@ -47,7 +58,7 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
             configs.append(cfg.get("config", {}))
     stored = {r["config_hash"] for r in rows}
     latest: dict[str, dict] = {}
-    for r in store.rows(experiment=exp_id):  # newest first
+    for r in (store.rows(experiment=exp_id) if store.index_path.exists() else []):  # newest first
         latest.setdefault(r["config_hash"], r)
     for digest, r in sorted(latest.items()):
         if r["status"] == "failed" and digest not in stored and r.get("config"):

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,10 @@ from iclab.store import Store, config_hash
 
 class UserError(Exception):
     """Bad input from the user: shown as one line, exit code 2, nothing written."""
+
+
+class RunDamaged(Exception):
+    """A stored result failed its verification and the user asked not to repair it: one line, exit 1."""
 
 
 @dataclass
@@ -252,8 +257,37 @@ def parse_assignment(text: str) -> tuple[str, object]:
     return key, raw
 
 
+def shorten(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (long values are not echoed whole in one-line errors).
+
+    Args:
+        value: anything; limit: the most characters kept.
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_assignments(texts: list[str] | None) -> dict:
+    """Several ``key=value`` options as a dict; a key given twice is a UserError (not last-wins).
+
+    Args:
+        texts: the ``--set`` options.
+    """
+    out: dict = {}
+    for text in texts or []:
+        key, value = parse_assignment(text)
+        if key in out:
+            raise UserError(f"--set {key} is given twice ({shorten(out[key])} and {shorten(value)})")
+        out[key] = value
+    return out
+
+
 def describe_validation_error(err: ValidationError, config_cls) -> str:
-    """One line naming each bad field, what is allowed, and what was given."""
+    """One line naming each bad field, what is allowed, and what was given.
+
+    Args:
+        err: pydantic's error; config_cls: the config class validated (for the fields' bounds).
+    """
     parts = []
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"]) or "config"
@@ -275,12 +309,12 @@ def describe_validation_error(err: ValidationError, config_cls) -> str:
                           if getattr(m, a, None) is not None]
                 if len(limits) > 1:
                     msg = f"{field} must be {' and '.join(limits)}"
-            parts.append(f"{msg} (got {given!r})")
+            parts.append(f"{msg} (got {shorten(given)})")
         elif kind == "value_error":
             message = str(ctx.get("error", e["msg"]))
-            parts.append(f"{field}: {message} (got {given!r})" if e["loc"] else message)
+            parts.append(f"{field}: {message} (got {shorten(given)})" if e["loc"] else message)
         else:
-            parts.append(f"{field}: {e['msg'].lower()} (got {given!r})")
+            parts.append(f"{field}: {e['msg'].lower()} (got {shorten(given)})")
     return "; ".join(parts)
 
 
@@ -291,6 +325,8 @@ def resolve_config(exp_id: str, preset: str = "quick", overrides: dict | None = 
         raise UserError(f"preset must be one of {', '.join(exp.presets)} (got {preset!r})")
     overrides = dict(overrides or {})
     if seeds is not None:
+        if "seeds" in overrides and overrides["seeds"] != seeds:
+            raise UserError(f"seeds is set by both --seeds ({seeds}) and --set seeds ({shorten(overrides['seeds'])})")
         overrides["seeds"] = seeds
     try:
         config = exp.resolve(preset, overrides)
@@ -395,8 +431,16 @@ def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | N
     return payload
 
 
-def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved: dict, payload: dict) -> Path:
-    """Writes a computed payload as the run's folder (atomically) and returns its path."""
+def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved: dict, payload: dict, *,
+                  row: int | None = None, started: float | None = None) -> Path:
+    """Writes a computed payload as the run's folder (atomically) and returns its path.
+
+    Args:
+        store: the result store; exp_id, digest, preset, resolved: the run's identity and config.
+        payload: what :func:`compute` returned; its ``ended`` is set to the time recorded in the folder.
+        row, started: the run's index row and start time, recorded in ``metrics.json`` so that
+            ``iclab index rebuild`` restores the row as it was.
+    """
     checks = payload["checks"]
     n_pass = sum(c["passed"] for c in checks)
     status = payload["status"]
@@ -416,6 +460,8 @@ def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved:
         metrics["diverged"] = payload["diverged"]
     if payload.get("resumed"):
         metrics["resumed"] = payload["resumed"]
+    payload["ended"] = time.time()
+    metrics["index"] = {"id": row, "started": started, "ended": payload["ended"]}
     return store.write(exp_id, digest, {
         "config.json": {"experiment": exp_id, "preset": preset, "config": resolved,
                         **({"source": _USER_SOURCES[exp_id]} if exp_id in _USER_SOURCES else {})},
@@ -434,7 +480,7 @@ def end_row(store: Store, row: int, payload: dict) -> None:
     store.end(row, payload["status"], payload["wall_s"], sum(c["passed"] for c in checks), len(checks),
               error=None if div is None else div["message"],
               diverged_step=None if div is None else div["step"],
-              last_finite_loss=None if div is None else div["last_finite_loss"])
+              last_finite_loss=None if div is None else div["last_finite_loss"], ended=payload.get("ended"))
 
 
 def stored_result(exp_id: str, path: Path, resolved: dict, wall_s: float, reused: bool = True) -> RunResult:
@@ -461,6 +507,7 @@ def run_experiment(
     checkpoint_every: int | None = None,
     checkpoint_seconds: float | None = None,
     on_wait=None,
+    repair: bool = True,
 ) -> RunResult:
     """Runs (or reuses) one experiment and stores it; see the module docstring. ``iclab run`` is this call.
 
@@ -476,6 +523,8 @@ def run_experiment(
         checkpoint_every, checkpoint_seconds: checkpoint interval (chunks, seconds); defaults from
             ``ICLAB_CHECKPOINT_EVERY`` / ``ICLAB_CHECKPOINT_SECONDS``; 0 chunks turns them off.
         on_wait: called (no arguments) if another process is computing this run and we wait for it.
+        repair: a stored result that fails its verification (:meth:`iclab.store.Store.verify`) is moved
+            to ``.damaged/`` and recomputed; with False it is reported (:class:`RunDamaged`) instead.
     Returns:
         The :class:`RunResult`: ``result.arrays["loss"]``, ``result.checks``, ``result.figure()``, ``result.path``.
     Raises:
@@ -485,11 +534,11 @@ def run_experiment(
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     resolved = config.model_dump(mode="json")
     digest = config_hash(exp.id, resolved)
-    store = Store(root)
+    store = Store(results_root(root))
     start = time.perf_counter()
-    existing = store.finished(exp.id, digest)
-    if existing is not None and not force:
-        return stored_result(exp.id, existing, resolved, time.perf_counter() - start)
+    reuse = None if force else _reusable(store, exp.id, digest, repair)
+    if reuse is not None:
+        return stored_result(exp.id, reuse, resolved, time.perf_counter() - start)
 
     lock = store.lock(exp.id, digest)
     if not lock.acquire(blocking=False):
@@ -497,21 +546,21 @@ def run_experiment(
             on_wait()
         lock.acquire()
     try:
-        existing = store.finished(exp.id, digest)
-        if existing is not None and not force:  # computed by the process we waited for
-            return stored_result(exp.id, existing, resolved, time.perf_counter() - start)
+        reuse = None if force else _reusable(store, exp.id, digest, repair)
+        if reuse is not None:  # computed by the process we waited for
+            return stored_result(exp.id, reuse, resolved, time.perf_counter() - start)
         store.mark_interrupted(exp.id, digest)
         running = store.running_dir(exp.id, digest)
         if force:
             shutil.rmtree(running, ignore_errors=True)
-        row = store.begin(exp.id, digest, preset, resolved)
+        started = time.time()
+        row = store.begin(exp.id, digest, preset, resolved, started=started)
         try:
             payload = compute(exp, config, running_dir=running, checkpoint_every=every, checkpoint_seconds=seconds,
                               reporter=reporter)
-            path = store_payload(store, exp.id, digest, preset, resolved, payload)
+            path = store_payload(store, exp.id, digest, preset, resolved, payload, row=row, started=started)
         except BaseException as err:
-            status = "interrupted" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "failed"
-            store.end(row, status, time.perf_counter() - start, error=f"{type(err).__name__}: {err}")
+            _end_failed(store, row, err, time.perf_counter() - start)
             raise
         end_row(store, row, payload)
         shutil.rmtree(running, ignore_errors=True)
@@ -520,6 +569,107 @@ def run_experiment(
     return RunResult(exp.id, path, resolved, payload["checks"], False, payload["wall_s"], payload["status"],
                      payload["diverged"], payload["resumed"], source=_USER_SOURCES.get(exp.id),
                      _arrays=payload["arrays"])
+
+
+def interruption_note(err: BaseException) -> str | None:
+    """The index's error text of a run stopped by the user or the system (None for other errors)."""
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C); run the same command to resume"
+    if isinstance(err, SystemExit):
+        return f"interrupted (exit {err.code}); run the same command to resume"
+    return None
+
+
+def _end_failed(store: Store, row: int, err: BaseException, wall_s: float) -> None:
+    """Closes the row of a run that raised; a store that cannot be written (a full disk) leaves it
+    ``running``, which later commands show as interrupted (its lock is free)."""
+    note = interruption_note(err)
+    try:
+        store.end(row, "interrupted" if note else "failed", wall_s,
+                  error=note or f"{type(err).__name__}: {' '.join(str(err).split())}")
+    except Exception:  # noqa: BLE001 - keep the original error, not the index's
+        pass
+
+
+def _reusable(store: Store, exp_id: str, digest: str, repair: bool) -> Path | None:
+    """The stored folder of this run if it is intact (indexing it again if the index lost it); a damaged
+    one is moved to ``.damaged/`` and recomputed, or with ``repair=False`` reported (UserError)."""
+    problems = store.damaged(exp_id, digest)
+    if problems:
+        folder = store.run_dir(exp_id, digest)
+        if not repair:
+            raise RunDamaged(f"the stored result {folder} is damaged ({'; '.join(problems)}); run without "
+                             "--no-repair to recompute it (the damaged folder is kept in .damaged/)")
+        store.set_aside(folder)
+        return None
+    path = store.finished(exp_id, digest)
+    if path is not None and not store.indexed(exp_id, digest):
+        store.index_folder(path)
+    return path
+
+
+def results_root(root: str | os.PathLike | None = None, *, option: str = "--out") -> Path:
+    """The results root to write into, checked before any work: one line (UserError) when it is empty,
+    names a file or lies under one, or is not writable.
+
+    Args:
+        root: the folder given (None: ``$ICLAB_RESULTS`` or ``./iclab-results``).
+        option: how the user gave it, named in the error (``--out``, ``--results``).
+    Returns:
+        The root as a Path (not created yet if it does not exist).
+    """
+    from iclab.store import default_root
+
+    if root is None:
+        env = os.environ.get("ICLAB_RESULTS")
+        return writable_folder(env, "ICLAB_RESULTS") if env is not None else writable_folder(default_root(), "the "
+                                                                                             "default results root")
+    return writable_folder(root, option)
+
+
+def writable_folder(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a folder that exists or can be created, and can be written into; UserError otherwise.
+
+    Args:
+        path: the folder; what: how the user gave it (named in the error).
+    """
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise UserError(f"{what} is empty: name a folder")
+    folder = Path(text).expanduser()
+    _check_writable(folder, folder, what, "a folder")
+    return folder
+
+
+def writable_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a file that can be written (its folder exists or can be created); UserError otherwise.
+
+    Args:
+        path: the file; what: how the user gave it (named in the error).
+    """
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise UserError(f"{what} is empty: name a file")
+    file = Path(text).expanduser()
+    if file.is_dir():
+        raise UserError(f"{what} {file} is a folder: name a file")
+    _check_writable(file.parent, file, what, "a file")
+    return file
+
+
+def _check_writable(folder: Path, given: Path, what: str, kind: str) -> None:
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        where = "names a file" if probe == given else f"lies under the file {probe}"
+        raise UserError(f"{what} {given} {where}: name {kind}")
+    try:  # the only reliable test of writability (read-only mounts, permissions, root included)
+        fd, name = tempfile.mkstemp(prefix=".iclab-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        raise UserError(f"{what} {given} is not writable ({err.strerror or err})") from None
 
 
 def _figure_bytes(fig) -> tuple[bytes, bytes]:
@@ -550,18 +700,23 @@ def _flat_arrays(tree) -> dict[str, np.ndarray]:
 
 
 def _diverged_figure(exp_id: str, arrays: dict, message: str):
-    """The finite part of a diverged run's loss, on a log scale."""
+    """The finite part of a diverged run's loss, on a log scale (a note when the first record diverged)."""
     from iclab.experiments._plot import COLORS, figure
 
     fig, axes = figure(width=6.0)
     ax = axes[0, 0]
-    loss = np.asarray(arrays.get("loss", np.zeros(0)))
-    loss = loss.reshape(-1, loss.shape[-1]) if loss.ndim else loss.reshape(1, 1)
-    use_step = "step" in arrays and np.all(np.isfinite(arrays["step"]))
-    x = arrays["step"] if use_step else arrays.get("t", np.arange(loss.shape[-1]))
+    loss = np.asarray(arrays.get("loss", np.zeros(0)), dtype=float)
+    loss = loss.reshape(-1, loss.shape[-1]) if loss.ndim and loss.size else np.zeros((0, 0))
+    step = np.asarray(arrays.get("step", np.zeros(0)), dtype=float)
+    use_step = step.size == loss.shape[-1] and step.size > 0 and np.all(np.isfinite(step))
+    t = np.asarray(arrays.get("t", np.zeros(0)), dtype=float).reshape(-1)
+    x = step if use_step else (t if t.size == loss.shape[-1] else np.arange(loss.shape[-1]))
     with np.errstate(divide="ignore"):
         for curve in loss:  # log10 on a linear axis: near-overflow values break a log axis's margins
             ax.plot(x, np.log10(np.abs(curve)), color=COLORS[3], lw=1.2)
+    if loss.shape[-1] == 0:
+        ax.text(0.5, 0.5, "the loss was not finite at the first record:\nno finite trajectory to plot",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9)
     ax.set_xlabel("step" if use_step else "t")
     ax.set_ylabel("log₁₀ |loss| (finite part)")
     ax.set_title(f"{exp_id} diverged: {message}", fontsize=7)

@@ -40,9 +40,11 @@ from iclab.launch import (
     checkpoint_settings,
     compute_point,
     end_row,
+    _reusable,
     experiment_or_error,
     experiment_ref,
     resolve_config,
+    results_root,
     store_payload,
 )
 from iclab.progress import SweepProgress
@@ -438,7 +440,7 @@ def run_sweep(
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     exp, points = plan_sweep(exp_id, grid, preset, overrides, seeds)
     start = time.perf_counter()
-    store = Store(root)
+    store = Store(results_root(root))
     root_abs = store.root.resolve()
     progress = progress or SweepProgress()
     results: dict[str, PointResult] = {}
@@ -458,8 +460,17 @@ def run_sweep(
     inflight: dict = {}
     progress.start(len(points))
     todo: list[tuple[Point, object]] = []  # (point, lock held or None)
+    def reusable(point: Point) -> Path | None:
+        if force:
+            return None
+        damaged = store.damaged(exp.id, point.digest)
+        if damaged:
+            print(f"warning: the stored result of {point.label} is damaged ({'; '.join(damaged)}): recomputing it "
+                  "(the damaged folder is kept in .damaged/)", file=sys.stderr)
+        return _reusable(store, exp.id, point.digest, repair=True)
+
     for point in points:
-        path = None if force else store.finished(exp.id, point.digest)
+        path = reusable(point)
         if path is not None:
             finish(cached(point, path))
         else:
@@ -487,7 +498,7 @@ def run_sweep(
                     if not lock.acquire(blocking=False):
                         waiting.append((point, lock))
                         continue
-                path = None if force else store.finished(exp.id, point.digest)
+                path = reusable(point)
                 if path is not None:  # computed meanwhile by the process we waited for
                     lock.release()
                     finish(cached(point, path))
@@ -496,11 +507,12 @@ def run_sweep(
                 running = store.running_dir(exp.id, point.digest)
                 if force and attempts[point.digest] == 0:
                     shutil.rmtree(running, ignore_errors=True)
-                row = store.begin(exp.id, point.digest, preset, point.config)
+                started = time.time()
+                row = store.begin(exp.id, point.digest, preset, point.config, started=started)
                 attempts[point.digest] += 1
                 args = (experiment_ref(exp), point.config, point.digest, str(root_abs / ".running" / running.name),
                         every, seconds, driver_host)
-                inflight[ex.submit(args)] = (point, lock, row, time.perf_counter())
+                inflight[ex.submit(args)] = (point, lock, row, time.perf_counter(), started)
                 progress.update(counts["done"], counts["failed"], counts["cached"], len(inflight))
             # Points held by other processes: take them over once their lock frees.
             if waiting and len(inflight) < ex.capacity:
@@ -517,7 +529,7 @@ def run_sweep(
             if not inflight:
                 continue
             for handle, payload, err in ex.wait(list(inflight), timeout=0.5):
-                point, lock, row, t0 = inflight.pop(handle)
+                point, lock, row, t0, started = inflight.pop(handle)
                 wall = time.perf_counter() - t0
                 if isinstance(err, _Crash) and executor == "local" and attempts[point.digest] <= retries:
                     store.end(row, "interrupted", wall, error=f"{err}; retried")
@@ -528,7 +540,8 @@ def run_sweep(
                         store.end(row, "failed", wall, error=_error_text(err))
                         finish(PointResult(point, "failed", None, [], _error_text(err), wall, attempts[point.digest]))
                     else:
-                        path = store_payload(store, exp.id, point.digest, preset, point.config, payload)
+                        path = store_payload(store, exp.id, point.digest, preset, point.config, payload, row=row,
+                                             started=started)
                         end_row(store, row, payload)
                         shutil.rmtree(store.running_dir(exp.id, point.digest), ignore_errors=True)
                         div = payload.get("diverged")
@@ -542,9 +555,11 @@ def run_sweep(
         raise
     finally:
         ex.close(cancel=interrupted)
-        for point, lock, row, t0 in inflight.values():
+        for point, lock, row, t0, _ in inflight.values():
             try:
                 store.end(row, "interrupted", time.perf_counter() - t0, error="the sweep was stopped")
+            except Exception:  # noqa: BLE001 - an unwritable index must not hide why the sweep stopped
+                pass
             finally:
                 lock.release()
         for point, lock in todo + waiting:

@@ -7,9 +7,11 @@ or that the paper leaves it unspecified.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args, get_origin
+import json
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ExperimentConfig", "TrainingConfig", "field_rows", "param", "validate_eigenvalues"]
 
@@ -33,12 +35,45 @@ def param(default: Any, description: str, *, paper: Any = None, paper_note: str 
 
 
 class ExperimentConfig(BaseModel):
-    """Fields shared by every experiment: the base seed and the number of seeds run (vmapped)."""
+    """Fields shared by every experiment: the base seed and the number of seeds run (vmapped).
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    Every config refuses unknown fields, NaN and ±inf in any float field or list element, and booleans
+    given for numbers (``--set N=true`` is an error, not N = 1).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data):
+        if isinstance(data, dict):
+            for name, value in data.items():
+                info = cls.model_fields.get(name)
+                if info is not None and _contains_bool(value) and not _admits_bool(info.annotation):
+                    kind = "hold numbers, not booleans" if isinstance(value, (list, tuple)) else "be a number, not a boolean"
+                    raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
+        return data
 
     seed: int = param(0, "base PRNG seed; seed s of a run uses fold_in(PRNGKey(seed), s)", ge=0, le=2**31 - 1)
     seeds: int = param(1, "number of independent seeds (init and data), run together with vmap", ge=1, le=1024)
+
+
+def _contains_bool(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, (list, tuple)) and any(_contains_bool(v) for v in value)
+
+
+def _admits_bool(annotation) -> bool:
+    """Whether a field's type takes booleans (bool itself, a Literal of booleans, or a union with one)."""
+    if annotation is bool:
+        return True
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return any(_admits_bool(a) for a in get_args(annotation))
+    return annotation is Any
 
 
 def validate_eigenvalues(values: list[float] | None, size: int, size_name: str) -> list[float] | None:

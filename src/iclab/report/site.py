@@ -65,15 +65,27 @@ class RunEntry:
         return f"{self.experiment}-{self.preset}"
 
 
-def collect_runs(store_root: str | Path) -> list[RunEntry]:
-    """The newest finished run per (experiment, preset) in a result store."""
+def collect_runs(store_root: str | Path, on_damaged=None) -> list[RunEntry]:
+    """The newest finished run per (experiment, preset) in a result store; damaged folders are skipped.
+
+    Args:
+        store_root: the results root.
+        on_damaged: called with (folder, problems) for each damaged folder skipped.
+    """
     store = Store(store_root)
+    if not store.root.is_dir():
+        return []
     seen: dict[tuple[str, str], RunEntry] = {}
     for row in store.rows():  # newest first
         if row["status"] != "done":
             continue
         path = store.root / row["run_dir"]
         if not (path / "metrics.json").is_file():
+            continue
+        problems = store.verify(path)
+        if problems:
+            if on_damaged is not None:
+                on_damaged(path, problems)
             continue
         cfg = json.loads((path / "config.json").read_text())
         key = (row["experiment"], cfg.get("preset") or row["preset"] or "custom")
@@ -201,12 +213,16 @@ def _experiment_page(entry: RunEntry, exp, out: Path) -> None:
     (folder / "index.html").write_text(_page(f"{entry.experiment} — iclab", body, "../style.css"))
 
 
-def build_site(store_root: str | Path, out_dir: str | Path) -> Path:
+def build_site(store_root: str | Path, out_dir: str | Path, *, on_damaged=None) -> Path:
     """Builds the site for every finished run in ``store_root``; returns the index path.
 
-    Raises FileNotFoundError when the store holds no finished run (nothing to show).
+    Args:
+        store_root: the results root; out_dir: the site's folder.
+        on_damaged: called with (folder, problems) for each damaged run folder, which is left out.
+    Raises:
+        FileNotFoundError: when the store holds no finished run (nothing to show).
     """
-    entries = collect_runs(store_root)
+    entries = collect_runs(store_root, on_damaged)
     if not entries:
         raise FileNotFoundError(f"no finished runs in {store_root}")
     out = Path(out_dir)
