@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from numpy.polynomial import hermite_e
 
-from iclab.experiments.mhsa import fig1, fig7, length, transfer
+from iclab.experiments.mhsa import _training as training
+from iclab.experiments.mhsa import fig7, length, transfer
 from iclab.models import mhsa as models
 from iclab.progress import Reporter
 from iclab.tasks.multitask_regression import sample_prompts
@@ -14,20 +15,20 @@ from iclab.tasks.multitask_regression import sample_prompts
 
 @pytest.mark.slow  # ~10-20 s of XLA compilation (threefry inside lax.map) on 2 cores
 def test_paired_task_errors_against_a_naive_per_chunk_evaluation():
-    c = fig1.Fig1Config(H=2, I=2, d_bar=3, dtype="float64")
-    ts = fig1.task_family(c)
+    c = training.Fig1Config(H=2, I=2, d_bar=3, dtype="float64")
+    ts = training.task_family(c)
     rng = np.random.default_rng(0)
     specs = [{"omega": rng.uniform(0.05, 0.4, (2, 2)), "mu": rng.uniform(0.1, 1.5, (2, 2))} for _ in range(2)]
     key = jax.random.PRNGKey(1)
 
     @jax.jit
     def both(s1, s2):
-        a, b = (fig1.initial_params(s, ts, d_e=6) for s in (s1, s2))
+        a, b = (training.initial_params(s, ts, d_e=6) for s in (s1, s2))
         # Naive reference: the same chunk keys, prompts drawn once per chunk, squared errors per task.
         pr = jax.vmap(lambda k: sample_prompts(k, ts, 7, 32))(jax.random.split(key, 2))
         ref = [jnp.mean((jax.vmap(lambda X, Y, q, p=p: models.predict(p, X, Y, q))(pr.X, pr.Y, pr.q) - pr.y_q) ** 2,
                         axis=1) for p in (a, b)]
-        return fig1.mc_task_errors((a, b), ts, 7, key, 64, 32), jnp.stack(ref)
+        return training.mc_task_errors((a, b), ts, 7, key, 64, 32), jnp.stack(ref)
 
     pair, ref = both(*specs)
     assert pair.shape == (2, 2, 2) and pair.dtype == jnp.float64

@@ -15,7 +15,7 @@ def test_spectral_expected_loss_is_the_average_over_tasks_and_noise():
     X = jax.random.normal(kx, (P, 5, L), dtype=jnp.float64)
     q = jax.random.normal(kq, (P, 5), dtype=jnp.float64)
     spec = {"omega": jnp.array([[0.3, 0.1], [0.05, 0.4]]), "mu": jnp.array([[1.2, 0.3], [-0.2, 0.9]])}
-    exact = m.spectral_expected_loss(spec, X, q, d_i, lam, sigma**2)
+    exact = m.spectral_expected_loss(spec, X, q, d_i, lam, sigma2=sigma**2)
     G = sample_G(kg, ts, n)  # (n, d, d_y)
     eps = sigma * jax.random.normal(ke, (n, P, 2, L), dtype=jnp.float64)
     Y = jnp.einsum("ndy,pdl->npyl", G, X) + eps

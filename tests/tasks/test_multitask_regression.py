@@ -27,7 +27,7 @@ def test_shapes_and_noiseless_relations(rotated):
 @pytest.mark.parametrize("rotated", [False, True])
 def test_moments_by_monte_carlo(rotated):
     d_i, lam, sigma = (3, 2), (1.0, 3.0), 0.7
-    ts = task_structure(d_i, lam, sigma, rotation_key=jax.random.PRNGKey(1) if rotated else None)
+    ts = task_structure(d_i, lam, sigma=sigma, rotation_key=jax.random.PRNGKey(1) if rotated else None)
     P, L = 40_000, 3
     pr = sample_prompts(jax.random.PRNGKey(2), ts, L=L, P=P)
     d = 5
@@ -59,3 +59,5 @@ def test_homogeneous_and_validation():
         task_structure((3, 2), (1.0, 1.0), d_y=1)
     with pytest.raises(ValueError):
         task_structure((3, 0), 1.0)
+    with pytest.raises(TypeError):  # σ follows λ: keyword-only, never a positional float
+        task_structure((3, 2), 1.0, 0.5)

@@ -46,7 +46,8 @@ class Members(NamedTuple):
     """A group of members with one parameter structure, stacked along ``ids.ndim`` leading axes.
 
     Attributes:
-        init: ``init(key, setting) -> params`` of ONE member (its key and its setting).
+        init: ``init(key, setting) -> params`` of ONE member (its key and its setting); may be None when
+            :func:`train_members` gets the initial params (``params0``).
         loss: ``loss(params, batch, settings) -> losses``: the whole group at once, params and settings
             with the leading member axes, losses of shape ``ids.shape``; vectorise it as the data
             allows (:func:`each_member` vmaps a one-member loss over the member axes).
@@ -55,7 +56,7 @@ class Members(NamedTuple):
         settings: a pytree with leading axes ``ids.shape`` (e.g. each member's λ), or None.
     """
 
-    init: Callable[[jax.Array, Any], Any]
+    init: Callable[[jax.Array, Any], Any] | None
     loss: Callable[[Any, Any, Any], jax.Array]
     ids: np.ndarray
     settings: Any = None
@@ -208,6 +209,9 @@ def train_members(
         raise ValueError("member ids must be distinct across the groups of a grid")
     keys = jnp.asarray(keys)
     if params0 is None:
+        missing = [name for name, g in groups.items() if g.init is None]
+        if missing:
+            raise ValueError(f"groups {missing} have no init: give params0")
         params0 = {name: init_members(g, keys, init_stream) for name, g in groups.items()}
     settings = {name: g.settings for name, g in groups.items()}
 

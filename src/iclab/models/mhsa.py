@@ -17,6 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["SCORES", "coordinate_values", "effective_matrices", "predict", "predict_spectral", "prompt_matrix",
+           "read_spectral", "spectral_expected_loss", "spectral_to_full"]
+
+#: Attention score functions: softmax (the paper), relu(s)/L, and s/L (linear attention, the L ≫ d limit (5.1)).
 SCORES = ("softmax", "relu", "linear")
 
 
@@ -32,14 +36,28 @@ def _activate(s, score: str):
 
 
 def prompt_matrix(X, Y, q):
-    """Z = [X; Y] (P, D, L) and z_q = [q; 0] (P, D)."""
+    """Tokens as columns: Z = [X; Y] and the query token z_q = [q; 0] (eq 2.1).
+
+    Args:
+        X: (P, d, L) covariates; Y: (P, d_y, L) responses; q: (P, d) queries.
+    Returns:
+        (Z, z_q): (P, D, L) and (P, D), D = d + d_y.
+    """
     Z = jnp.concatenate([X, Y], axis=1)
     zq = jnp.concatenate([q, jnp.zeros(q.shape[:-1] + (Y.shape[1],), q.dtype)], axis=-1)
     return Z, zq
 
 
 def predict(params, X, Y, q, score: str = "softmax"):
-    """Full H-head attention (eq 2.1). X: (P, d, L), Y: (P, d_y, L), q: (P, d) → ŷ_q (P, d_y)."""
+    """Full H-head attention (eq 2.1): ŷ_q = Σ_h O^(h) V^(h) Z a^(h), a^(h) = act(Zᵀ K^(h)ᵀ Q^(h) z_q / √d_e).
+
+    Args:
+        params: {"K", "Q", "V": (H, d_e, D), "O": (H, d_y, d_e)}, D = d + d_y.
+        X: (P, d, L) covariates; Y: (P, d_y, L) responses; q: (P, d) queries.
+        score: one of :data:`SCORES`.
+    Returns:
+        (P, d_y) predictions ŷ_q.
+    """
     Z, zq = prompt_matrix(X, Y, q)
     d_e = params["K"].shape[1]
     # Contracted query first and tokens last: s = Zᵀ(Kᵀ(Q z_q))/√d_e and O(V(Z a)) cost
@@ -51,12 +69,27 @@ def predict(params, X, Y, q, score: str = "softmax"):
 
 
 def coordinate_values(values, d_i):
-    """Expands per-task values (..., I) to per-coordinate values (..., d) over the blocks J_i."""
+    """Per-task values v_i expanded to per-coordinate values: v_j = v_i for j in the block J_i.
+
+    Args:
+        values: (..., I) per-task values; d_i: (I,) block sizes.
+    Returns:
+        (..., d) per-coordinate values, d = Σ d_i.
+    """
     return jnp.repeat(jnp.asarray(values), np.asarray(d_i), axis=-1, total_repeat_length=int(sum(d_i)))
 
 
 def predict_spectral(spec, X, Y, q, d_i, score: str = "softmax"):
-    """Decomposable model: ŷ_i = Σ_h μ_i^(h) Y_i a^(h), a^(h) = act(Xᵀ blockdiag(ω̄^(h)) q)."""
+    """Decomposable model (Def 3.1, Φ = Ψ = I): ŷ_i = Σ_h μ_i^(h) Y_i a^(h),
+    a^(h) = act(Xᵀ blockdiag(ω̄_i^(h) I_{d_i}) q).
+
+    Args:
+        spec: {"omega", "mu"} (H, I) read-outs ω̄_i^(h), μ_i^(h).
+        X: (P, d, L) covariates; Y: (P, d_y, L) responses (d_y ≥ I; the first I rows are the tasks');
+        q: (P, d) queries; d_i: (I,) block sizes; score: one of :data:`SCORES`.
+    Returns:
+        (P, I) predictions of the I task outputs.
+    """
     w = coordinate_values(spec["omega"], d_i)  # (H, d)
     s = jnp.einsum("pdl,hd,pd->phl", X, w, q)
     a = _activate(s, score)
@@ -70,6 +103,11 @@ def spectral_to_full(spec, d_i, d_y: int, d_e: int):
     K_X = Q_X = [diag(s); 0] with s = (√d_e ω)^{1/2} per coordinate (so W_X = diag(ω)),
     V = [0, V_Y], V_Y = [diag(√μ); 0] ∈ R^{d_e×d_y}, O = V_Yᵀ (so U_Y = diag(μ)), K_Y = Q_Y = V_X = 0.
     Requires ω, μ ≥ 0 and d_e ≥ max(d, d_y); tasks beyond I (nominal outputs) get μ = 0.
+
+    Args:
+        spec: {"omega", "mu"} (H, I); d_i: (I,) block sizes; d_y: output dimension (≥ I); d_e: head width.
+    Returns:
+        {"K", "Q", "V": (H, d_e, D), "O": (H, d_y, d_e)}, D = d + d_y, with Φ = Ψ = I.
     """
     d = int(sum(d_i))
     omega, mu = jnp.asarray(spec["omega"]), jnp.asarray(spec["mu"])
@@ -86,7 +124,16 @@ def spectral_to_full(spec, d_i, d_y: int, d_e: int):
 
 
 def effective_matrices(params, d: int):
-    """(W_X, W_Y, U_X, U_Y) per head (eq 2.3, 2.5): W = KᵀQ/√d_e, U = OV; W_Y = K_YᵀQ_X/√d_e."""
+    """Effective matrices per head (eq 2.3, 2.5): W = KᵀQ/√d_e, U = OV, split at the covariate/response boundary.
+
+    W_X = K_XᵀQ_X/√d_e, W_Y = K_YᵀQ_X/√d_e (only the query's covariate part enters, z_q = [q; 0]),
+    U_X = O V_X, U_Y = O V_Y.
+
+    Args:
+        params: full weights (see :func:`predict`); d: covariate dimension.
+    Returns:
+        (W_X (H, d, d), W_Y (H, d_y, d), U_X (H, d_y, d), U_Y (H, d_y, d_y)).
+    """
     d_e = params["K"].shape[1]
     W = jnp.einsum("hed,hef->hdf", params["K"], params["Q"]) / jnp.sqrt(d_e)
     U = jnp.einsum("hye,hed->hyd", params["O"], params["V"])
@@ -94,8 +141,15 @@ def effective_matrices(params, d: int):
 
 
 def read_spectral(params, d_i, Phi=None, Psi=None):
-    """(ω̄, μ) per head and task read off full weights: block means of diag(ΦᵀW_XΦ) over J_i and
-    the first I diagonal entries of ΨᵀU_YΨ (spec C4). Returns {"omega": (H, I), "mu": (H, I)}."""
+    """(ω̄, μ) per head and task read off full weights (spec C4): ω̄_i^(h) = mean_{j∈J_i} (ΦᵀW_X^(h)Φ)_jj,
+    μ_i^(h) = (ΨᵀU_Y^(h)Ψ)_ii for the first I outputs.
+
+    Args:
+        params: full weights (see :func:`predict`); d_i: (I,) block sizes;
+        Phi: (d, d) covariate basis (None: I); Psi: (d_y, d_y) output basis (None: I).
+    Returns:
+        {"omega": (H, I), "mu": (H, I)}.
+    """
     d = int(sum(d_i))
     WX, _, _, UY = effective_matrices(params, d)
     if Phi is not None:
@@ -108,7 +162,7 @@ def read_spectral(params, d_i, Phi=None, Psi=None):
     return {"omega": omega, "mu": jnp.diagonal(UY, axis1=1, axis2=2)[:, :len(d_i)]}
 
 
-def spectral_expected_loss(spec, X, q, d_i, lam, sigma2: float, score: str = "softmax"):
+def spectral_expected_loss(spec, X, q, d_i, lam, *, sigma2: float, score: str = "softmax"):
     """E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (Φ = Ψ = I), G and ε integrated out (spec §5.5).
 
     With a_i = Σ_h μ_i^(h) act(Xᵀ W_X^(h) q) ∈ R^L and X_(i) the rows J_i of X:
@@ -116,8 +170,8 @@ def spectral_expected_loss(spec, X, q, d_i, lam, sigma2: float, score: str = "so
     averaged over the P prompts (X, q): only X and q remain to sample. No ½ (spec A1).
 
     Args:
-        spec: {"omega", "mu"} (H, I); X: (P, d, L); q: (P, d); d_i: (I,) block sizes; lam: (I,) λ_i;
-        sigma2: σ²; score: attention score function.
+        spec: {"omega", "mu"} (H, I); X: (P, d, L); q: (P, d); d_i: (I,) block sizes; lam: (I,) per-task
+        signals λ_i; sigma2: σ²; score: one of :data:`SCORES`.
     Returns:
         scalar loss.
     """

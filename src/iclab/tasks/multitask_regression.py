@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["MultitaskPrompts", "TaskStructure", "block_scales", "haar_orthogonal", "homogeneous", "sample_G",
+           "sample_prompts", "target_second_moment", "task_structure"]
+
 
 class MultitaskPrompts(NamedTuple):
     """A batch of P multi-task prompts (tokens as columns).
@@ -54,28 +57,39 @@ class TaskStructure(NamedTuple):
 
     @property
     def d(self) -> int:
+        """Covariate dimension d = Σ d_i."""
         return int(sum(self.d_i))
 
     @property
     def d_y(self) -> int:
+        """Output dimension d_y (≥ I; outputs beyond I are nominal tasks with λ = 0)."""
         return int(self.Psi.shape[0])
 
 
 def haar_orthogonal(key: jax.Array, n: int) -> jax.Array:
-    """Haar-random (n, n) orthogonal matrix (QR of a Gaussian with the sign fix on R's diagonal)."""
+    """Haar-random orthogonal matrix: Q of the QR of an iid Gaussian matrix, columns signed by diag R.
+
+    Args:
+        key: PRNG key; n: size.
+    Returns:
+        (n, n) float64 orthogonal matrix.
+    """
     q, r = jnp.linalg.qr(jax.random.normal(key, (n, n), dtype=jnp.float64))
     return q * jnp.sign(jnp.diag(r))[None, :]
 
 
-def task_structure(d_i, lam, sigma=0.0, d_y=None, rotation_key: jax.Array | None = None) -> TaskStructure:
-    """Builds the task family.
+def task_structure(d_i, lam, *, sigma: float = 0.0, d_y: int | None = None,
+                   rotation_key: jax.Array | None = None) -> TaskStructure:
+    """Builds the task family of (2.4): blocks J_i of sizes d_i, Cov g_i = λ_i I, noise σ, bases Φ, Ψ.
 
     Args:
         d_i: (I,) positive block sizes (homogeneous tasks: all equal).
-        lam: (I,) non-negative signals λ_i, or a scalar for homogeneous tasks.
+        lam: (I,) non-negative per-task signals λ_i, or a scalar (every task's λ_i).
         sigma: noise standard deviation σ ≥ 0.
         d_y: output dimension ≥ I (default I); extra outputs are nominal tasks with λ = 0.
         rotation_key: None for Φ = Ψ = I, else a PRNG key for Haar-random Φ and Ψ.
+    Returns:
+        The :class:`TaskStructure` (Φ, Ψ in float64).
     """
     d_i = tuple(int(v) for v in np.atleast_1d(d_i))
     I = len(d_i)
@@ -94,13 +108,27 @@ def task_structure(d_i, lam, sigma=0.0, d_y=None, rotation_key: jax.Array | None
     return TaskStructure(d_i, tuple(float(v) for v in lam_arr), float(sigma), Phi, Psi)
 
 
-def homogeneous(I: int, d_bar: int, lam: float = 1.0, sigma: float = 0.0, **kw) -> TaskStructure:
-    """I tasks of equal size d̄ and signal λ (Thm 4.4, Table 1, Figs 1, 4–5)."""
-    return task_structure((d_bar,) * I, lam, sigma, **kw)
+def homogeneous(I: int, d_bar: int, *, lam: float = 1.0, sigma: float = 0.0, d_y: int | None = None,
+                rotation_key: jax.Array | None = None) -> TaskStructure:
+    """I tasks of equal size d̄ and signal λ_i = λ (Thm 4.4, Table 1, Figs 1, 4–5).
+
+    Args:
+        I: tasks; d_bar: block size d̄ (d = I d̄); lam: every task's signal λ; sigma: noise standard
+        deviation σ; d_y, rotation_key: as :func:`task_structure`.
+    Returns:
+        The :class:`TaskStructure`.
+    """
+    return task_structure((d_bar,) * I, lam, sigma=sigma, d_y=d_y, rotation_key=rotation_key)
 
 
 def block_scales(ts: TaskStructure) -> np.ndarray:
-    """(d, d_y) array S with G = d^{-1/2} Φ (S ⊙ N) Ψᵀ, N iid N(0,1): S[J_i, i] = √λ_i, else 0."""
+    """Scales S of the task matrix: G = d^{-1/2} Φ (S ⊙ N) Ψᵀ with N iid N(0, 1), S[J_i, i] = √λ_i, else 0.
+
+    Args:
+        ts: the task family.
+    Returns:
+        (d, d_y) float64 array S.
+    """
     S = np.zeros((ts.d, ts.d_y))
     start = 0
     for i, (di, li) in enumerate(zip(ts.d_i, ts.lam)):
@@ -110,14 +138,29 @@ def block_scales(ts: TaskStructure) -> np.ndarray:
 
 
 def sample_G(key: jax.Array, ts: TaskStructure, P: int) -> jax.Array:
-    """P task matrices G = d^{-1/2} Φ blockdiag(g_i) Ψᵀ, g_i ~ N(0, λ_i I) (eq 2.4). Shape (P, d, d_y)."""
+    """Task matrices G = d^{-1/2} Φ blockdiag(g_1, …, g_I) Ψᵀ, g_i ~ N(0, λ_i I) (eq 2.4).
+
+    Args:
+        key: PRNG key; ts: the task family; P: number of matrices.
+    Returns:
+        (P, d, d_y) in the dtype of ts.Phi.
+    """
     S = jnp.asarray(block_scales(ts), dtype=ts.Phi.dtype)
     core = jax.random.normal(key, (P, ts.d, ts.d_y), dtype=ts.Phi.dtype) * S / float(np.sqrt(ts.d))  # a Python float keeps the dtype
     return jnp.einsum("ab,pbc,dc->pad", ts.Phi, core, ts.Psi)
 
 
 def sample_prompts(key: jax.Array, ts: TaskStructure, L: int, P: int) -> MultitaskPrompts:
-    """Draws P prompts of L context pairs (spec §2). float64 unless ts's matrices are float32."""
+    """Draws P prompts of L context pairs (eq 2.4, spec §2): y_l = Gᵀx_l + ε_l, y_q = Gᵀq.
+
+    The key is split into four, for G, X, q and ε in that order.
+
+    Args:
+        key: PRNG key; ts: the task family (its Φ's dtype sets the dtype of the draws); L: context
+        length; P: prompts.
+    Returns:
+        :class:`MultitaskPrompts` of P prompts.
+    """
     kg, kx, kq, ke = jax.random.split(key, 4)
     dt = ts.Phi.dtype
     G = sample_G(kg, ts, P)
@@ -130,5 +173,11 @@ def sample_prompts(key: jax.Array, ts: TaskStructure, L: int, P: int) -> Multita
 
 
 def target_second_moment(ts: TaskStructure) -> float:
-    """E‖y_q‖² = Σ_i λ_i d_i / d (the loss of the zero predictor, without the ½)."""
+    """E‖y_q‖² = Σ_i λ_i d_i / d (the loss of the zero predictor, without the ½).
+
+    Args:
+        ts: the task family.
+    Returns:
+        float.
+    """
     return float(sum(l * di for l, di in zip(ts.lam, ts.d_i)) / ts.d)

@@ -6,19 +6,46 @@ regression with disjoint covariate blocks of sizes d_i. Under a decomposable ini
 (Def 3.1) training reduces to per-head, per-task eigenvalues ω̄_i^(h) of W_X and μ_i^(h) of U_Y.
 Equation numbers are the paper's; the digest is ``shared/spec/mhsa.md`` (cited as "spec §").
 
-Conventions (spec §2-§3, A1):
+Symbols (spec §2-§3, A1): one name, one meaning, one place in every signature of this module.
 
-* ``d_i`` (I,) task block sizes, d = Σ d_i; ``lam`` (I,) signal strengths λ_i (Cov g_i = λ_i I);
-  ``sigma2`` the label-noise variance σ²; ``L`` the context length; ``d_e`` the head width.
-* φ_i = 1 + σ² d/(λ_i d_i) (``task_phi``); the combination d_i λ_i φ_i = d_i λ_i + σ² d is always
-  formed directly, so that a task with λ_i = 0 stays finite.
-* ``omega_bar``, ``mu``: (H, I) arrays, row h = head, column i = task.
+==============  ======  =======================================================================
+name            symbol  meaning
+==============  ======  =======================================================================
+``H``           H       number of heads
+``I``           I       number of tasks
+``d_i``         d_i     task block sizes, (I,) (a scalar in the single-task functions of (3.4)-(3.6),
+                        D.11: the block size of the task considered); d = Σ_i d_i
+``d``           d       total covariate dimension Σ_i d_i (homogeneous tasks: I·d̄)
+``d_bar``       d̄       block size of homogeneous tasks, d̄ = d/I
+``lam``         λ_i     per-task signal, Cov g_i = λ_i I: (I,) for heterogeneous tasks, a scalar
+                        where the task is one (single-task functions) or every task has the same
+                        λ_i = λ (homogeneous tasks: Table 1, Thm 4.4, E.27, Figs 4, 5, 7). For
+                        homogeneous tasks this λ is also the paper's "total signal" Σ_i λ_i d_i/d =
+                        E‖y_q‖²; no function here takes the total signal of heterogeneous tasks.
+``phi``         φ_i     1 + SNR_i^{-1} = 1 + σ²d/(λ_i d_i) (``task_phi``; homogeneous: 1 + Iσ²/λ)
+``sigma2``      σ²      label-noise variance
+``L``           L       context length (``L_train``, ``L_test`` = L, L̃ for length generalisation)
+``d_e``         d_e     head width
+``r``           r       d̄/L (homogeneous tasks)
+``omega_bar``   ω̄       (H, I) eigenvalues ω̄_i^(h) of W_X (row h = head, column i = task), or ω̄_i*
+``mu``          μ       (H, I) eigenvalues μ_i^(h) of U_Y, or μ_i*
+``omega0, mu0`` ω_0,μ_0 initial values of ω̄, μ (scalars shared by every head and task, or (H, I))
+``tau``         τ       reduced time of (3.4)-(3.6) and of the spec §5.2 ODE
+==============  ======  =======================================================================
+
+Signatures: the point a function is evaluated at comes first and positionally (ω̄, μ, τ, r, B, b,
+X, W, q, p, …), then, for heterogeneous tasks, the task arrays ``d_i, lam``; every other constant
+of the setting is keyword-only, in the order H, I, d_i, d, d_bar, lam, phi, sigma2, L, d_e, then
+initial values (omega0, mu0) and numerical options.
+
+* The combination d_i λ_i φ_i = d_i λ_i + σ² d is always formed directly, so that a task with
+  λ_i = 0 stays finite.
 * Losses are E‖ŷ − y_q‖² with no ½ (the paper's quoted values); the training loss (2.6) is half.
 * Time: the reduced systems (3.4)-(3.6) and the spec §5.2 ODE run on their own time τ. For the ½-MSE
   gradient flow (2.7) the original time is t = (d/2)τ (``gf_time_from_tau``); the paper's
   "t ← 2dt" (Thm D.11) is inconsistent with the model (spec A3).
-* Homogeneous tasks (Table 1, Thm 4.4): d_i = d̄ = d/I, λ_i = λ = total signal, φ = 1 + Iσ²/λ,
-  SNR = λ/(Iσ²), r = d̄/L.
+* Homogeneous tasks (Table 1, Thm 4.4): d_i = d̄ = d/I, λ_i = λ, φ = 1 + Iσ²/λ, SNR = λ/(Iσ²),
+  r = d̄/L.
 
 Errata handled here (spec §5, A4-A7):
 
@@ -56,6 +83,35 @@ import numpy as np
 from scipy.integrate import quad, solve_ivp
 from scipy.optimize import minimize_scalar
 
+__all__ = [
+    "FIG1", "FIG3", "FIG4_5", "FIG6", "OptS", "ReducedPath",
+    # task constants and time
+    "task_phi", "task_snr", "homogeneous_phi", "gf_time_from_tau",
+    # surrogate loss and the reduced ODE (spec §5.2)
+    "head_overlaps", "surrogate_loss", "reduced_ode_field", "solve_reduced_dynamics", "initial_state",
+    "quasi_equilibrium_ratio", "hyperbolic_growth_rate",
+    # single-head emergence (3.4)-(3.6), D.11
+    "emergence_field", "solve_emergence", "mu_quasi_equilibrium", "omega_reduced_rate", "solve_omega_reduced",
+    "omega_reduced_hitting_time", "emergence_time", "path_loss",
+    # convergence point (4.1), (4.3), (4.4), length generalisation (5.2)
+    "convergence_limit", "limit_weights", "per_task_optimal_loss", "gf_icl", "length_generalization_task_losses",
+    "length_generalization_loss",
+    # single-head optimum (4.2), E.19, E.24
+    "simplified_loss", "optimal_output_scale", "opts_allocation", "opts_icl", "optimal_mu_given_omega",
+    # Table 1 (homogeneous tasks), E.26, E.28-E.30
+    "lb_icl", "equiangular_gain", "equiangular_lower_bound", "gf_icl_table", "gf_icl_snr_form", "mmse_table",
+    "mmse_e3_form", "const_icl", "opts_icl_table", "small_ratio_forms",
+    # Bayes risk and ridge (E.27)
+    "mp_expectation", "ridge_variance_bias_mp", "bayes_risk_mp", "bayes_risk_mc", "printed_variance_formula",
+    "printed_bias_formula_erratum",
+    # softmax moments (4.7), Lemmas B.1-B.2
+    "attention_probabilities", "softmax_moment_scalars", "stein_first_moment", "stein_second_moment",
+    "collision_approximation", "softmax_collision",
+    # extensions (5.1), (5.3)-(5.4)
+    "single_head_output", "linear_attention_output", "nonlinear_transfer_weights", "nonlinear_transfer_prediction",
+    "softmax_self_derivative_coefficients", "softmax_derivative_sum", "nonlinear_transfer_mean",
+]
+
 #: Paper settings (spec §6). Fig 1's d_e, ω_0, μ_0 are UNSPECIFIED; d_e = 30 is Fig 3's value,
 #: which the paper says matches Fig 1, and ω_0, μ_0 are the defaults of ``initial_state``.
 FIG1 = dict(H=3, d_i=(10, 10, 10), lam=(1.0, 1.0, 1.0), sigma2=0.0, L=100, d_e=30)
@@ -92,11 +148,11 @@ def _dlphi(d_i, lam, sigma2):
     return d_i * lam + sigma2 * d_i.sum()
 
 
-def task_phi(d_i, lam, sigma2):
+def task_phi(d_i, lam, *, sigma2):
     """φ_i = 1 + SNR_i^{-1} = 1 + σ² d/(λ_i d_i) (Sec 2.2).
 
     Args:
-        d_i: (I,) task block sizes; lam: (I,) signal strengths λ_i (> 0 for a finite φ_i);
+        d_i: (I,) task block sizes; lam: (I,) per-task signals λ_i (> 0 for a finite φ_i);
         sigma2: noise variance σ².
     Returns:
         (I,) array φ_i (inf where λ_i = 0 and σ² > 0).
@@ -106,7 +162,7 @@ def task_phi(d_i, lam, sigma2):
         return 1.0 + np.where(sigma2 > 0, sigma2 * d_i.sum() / (lam * d_i), 0.0)
 
 
-def task_snr(d_i, lam, sigma2):
+def task_snr(d_i, lam, *, sigma2):
     """SNR_i = λ_i d_i/(d σ²) (Sec 2.2).
 
     Args:
@@ -118,12 +174,18 @@ def task_snr(d_i, lam, sigma2):
     return lam * d_i / (d_i.sum() * sigma2)
 
 
-def homogeneous_phi(I, lam, sigma2):
-    """φ = 1 + Iσ²/λ for I homogeneous tasks of total signal λ (Table 1, Thm 4.4)."""
+def homogeneous_phi(*, I, lam, sigma2):
+    """φ = 1 + Iσ²/λ for I homogeneous tasks of signal λ_i = λ (Table 1, Thm 4.4; ``task_phi`` with d_i = d/I).
+
+    Args:
+        I: tasks; lam: every task's signal λ; sigma2: σ².
+    Returns:
+        float φ.
+    """
     return 1.0 + I * sigma2 / lam
 
 
-def gf_time_from_tau(tau, d):
+def gf_time_from_tau(tau, *, d):
     """Original gradient-flow time of the ½-MSE flow (2.7) for reduced time τ: t = (d/2)τ.
 
     Spec §5.2 (derived): the reduced ODEs are (2.7) with τ = 2t/d; the paper's Thm D.11 writes
@@ -155,7 +217,7 @@ def head_overlaps(omega_bar, d_i):
     return (omega_bar * xp.asarray(d_i, dtype=omega_bar.dtype)) @ omega_bar.T
 
 
-def surrogate_loss(omega_bar, mu, d_i, lam, sigma2, L):
+def surrogate_loss(omega_bar, mu, d_i, lam, *, sigma2, L):
     """Surrogate ICL loss L_sur(ω̄, μ) whose weighted gradient flow is the reduced ODE (spec §5.2).
 
     L_sur = Σ_i (λ_i d_i/d)[1 − 2Σ_h μ_i^h ω̄_i^h + Σ_{h,h'} μ_i^h μ_i^h' (ω̄_i^h ω̄_i^h'
@@ -181,7 +243,7 @@ def surrogate_loss(omega_bar, mu, d_i, lam, sigma2, L):
     return jnp.sum(w * (1.0 - 2.0 * s + s**2)) + jnp.sum(wphi * quad_softmax) / L
 
 
-def reduced_ode_field(omega_bar, mu, d_i, lam, sigma2, L, d_e):
+def reduced_ode_field(omega_bar, mu, d_i, lam, *, sigma2, L, d_e):
     """Right-hand side of the reduced ODE system (spec §5.2; D.1/D.2 leading order, App. D.3).
 
     √d_e ∂_τ ω̄_i^h = λ_i μ_i^h ω̄_i^h − λ_i Σ_h' μ_i^h μ_i^h' ω̄_i^h' ω̄_i^h
@@ -217,28 +279,26 @@ class ReducedPath(NamedTuple):
     mu: np.ndarray
 
 
-def solve_reduced_dynamics(omega_bar0, mu0, tau, d_i, lam, sigma2, L, d_e, rtol=_RTOL,
-                           atol=_ATOL):
-    """Integrates the reduced ODE system (spec §5.2) from (ω̄, μ)(τ[0]) and samples it at ``tau``.
+def solve_reduced_dynamics(tau, d_i, lam, *, sigma2, L, d_e, omega0, mu0, rtol=_RTOL, atol=_ATOL):
+    """Integrates the reduced ODE system (spec §5.2) from (ω̄, μ)(τ[0]) = (ω_0, μ_0) and samples it at ``tau``.
 
     Args:
-        omega_bar0, mu0: (H, I) initial values at τ = tau[0] (the theory init is ω̄ = ω_0,
-            μ_i^(h) = μ_0^(h)_i; see ``initial_state``).
         tau: (T,) increasing reduced times; d_i, lam, sigma2, L, d_e: as in ``reduced_ode_field``.
+        omega0, mu0: (H, I) initial values at τ = tau[0] (the theory's init: ``initial_state``).
         rtol, atol: DOP853 tolerances.
     Returns:
         ReducedPath with arrays at the requested times.
     """
-    omega_bar0 = np.asarray(omega_bar0, dtype=float)
-    shape = omega_bar0.shape
-    n = omega_bar0.size
+    omega0 = np.asarray(omega0, dtype=float)
+    shape = omega0.shape
+    n = omega0.size
 
     def rhs(_, y):
-        dw, dm = reduced_ode_field(y[:n].reshape(shape), y[n:].reshape(shape), d_i, lam, sigma2,
-                                   L, d_e)
+        dw, dm = reduced_ode_field(y[:n].reshape(shape), y[n:].reshape(shape), d_i, lam, sigma2=sigma2,
+                                   L=L, d_e=d_e)
         return np.concatenate([dw.ravel(), dm.ravel()])
 
-    y0 = np.concatenate([omega_bar0.ravel(), np.asarray(mu0, dtype=float).ravel()])
+    y0 = np.concatenate([omega0.ravel(), np.asarray(mu0, dtype=float).ravel()])
     path = _integrate(rhs, y0, tau, rtol, atol)
     T = path.shape[1]
     return ReducedPath(np.asarray(tau, dtype=float), path[:n].T.reshape(T, *shape),
@@ -256,7 +316,7 @@ def _integrate(rhs, y0, tau, rtol, atol, events=None):
     return (sol.y, sol) if events is not None else sol.y
 
 
-def initial_state(H, I, omega0=0.01, mu0=0.05, advantage=0.5):
+def initial_state(*, H, I, omega0=0.01, mu0=0.05, advantage=0.5):
     """Theory initialisation (Thm 3.3) with head i favoured on task i (spec §4 choice).
 
     ω̄_i^(h) = ω_0 for all h, i; μ_i^(h) = μ_0 (1 + advantage·1[h = i]). The paper leaves ω_0, μ_0
@@ -275,7 +335,7 @@ def initial_state(H, I, omega0=0.01, mu0=0.05, advantage=0.5):
     return omega_bar, mu
 
 
-def quasi_equilibrium_ratio(omega_bar, mu, phi, L):
+def quasi_equilibrium_ratio(omega_bar, mu, *, phi, L):
     """Warm-up quasi-equilibrium ρ_iφ_i = φ_i Σ_h μ_i^h/(L ω̄_i*) (D.56; ≈ 1 before emergence).
 
     The optimal head h_i* is argmax_h μ_i^h at each time (Sec 3.2).
@@ -292,7 +352,7 @@ def quasi_equilibrium_ratio(omega_bar, mu, phi, L):
     return np.asarray(phi) * mu.sum(axis=-2) / (L * omega_star)
 
 
-def hyperbolic_growth_rate(lam, phi, L, d_e):
+def hyperbolic_growth_rate(*, lam, phi, L, d_e):
     """Slope σ_4 = Lλ_i/(√d_e φ_i) of 1/ω̄_i* falling linearly in τ late in warm-up (D.20).
 
     Args:
@@ -308,7 +368,7 @@ def hyperbolic_growth_rate(lam, phi, L, d_e):
 # ---------------------------------------------------------------------------------------------
 
 
-def emergence_field(omega_bar, mu, d_i, lam, phi, L, d_e):
+def emergence_field(omega_bar, mu, *, d_i, lam, phi, L, d_e):
     """Optimal-head dynamics (3.4), ω̄* equation corrected from App. D.3/(D.47).
 
     ∂_τ μ* = λ_i d_i (−e^{d_i ω̄*²} φ_i μ*²/L + (1 − ω̄*μ*) ω̄*μ*),
@@ -330,22 +390,23 @@ def emergence_field(omega_bar, mu, d_i, lam, phi, L, d_e):
     return d_omega, d_mu
 
 
-def solve_emergence(omega0, mu0, tau, d_i, lam, phi, L, d_e, rtol=_RTOL, atol=_ATOL):
-    """Integrates (3.4) from (ω̄*, μ*)(τ[0]) = (omega0, mu0); samples at ``tau``.
+def solve_emergence(tau, *, d_i, lam, phi, L, d_e, omega0, mu0, rtol=_RTOL, atol=_ATOL):
+    """Integrates (3.4) from (ω̄*, μ*)(τ[0]) = (ω_0, μ_0); samples at ``tau``.
 
     Args:
-        omega0, mu0: initial values; tau: (T,) increasing times; other args as ``emergence_field``.
+        tau: (T,) increasing times; d_i, lam, phi, L, d_e: as ``emergence_field``;
+        omega0, mu0: initial values; rtol, atol: DOP853 tolerances.
     Returns:
         (omega_bar, mu): two (T,) arrays.
     """
     def rhs(_, y):
-        return np.array(emergence_field(y[0], y[1], d_i, lam, phi, L, d_e))
+        return np.array(emergence_field(y[0], y[1], d_i=d_i, lam=lam, phi=phi, L=L, d_e=d_e))
 
     y = _integrate(rhs, np.array([omega0, mu0], dtype=float), tau, rtol, atol)
     return y[0], y[1]
 
 
-def mu_quasi_equilibrium(omega_bar, d_i, phi, L):
+def mu_quasi_equilibrium(omega_bar, *, d_i, phi, L):
     """Fast-variable limit (3.5): μ* = ω̄*/(ω̄*² + φ_i e^{d_i ω̄*²}/L).
 
     Args:
@@ -357,7 +418,7 @@ def mu_quasi_equilibrium(omega_bar, d_i, phi, L):
     return omega_bar / (omega_bar**2 + phi * np.exp(d_i * omega_bar**2) / L)
 
 
-def omega_reduced_rate(omega_bar, d_i, lam, phi, L, d_e):
+def omega_reduced_rate(omega_bar, *, d_i, lam, phi, L, d_e):
     """Slow-variable dynamics (3.6): ∂_τ ω̄* with μ* at its quasi-equilibrium (3.5).
 
     ∂_τ ω̄* = (1 − d_i ω̄*²) d_e^{-1/2} λ_i
@@ -373,38 +434,39 @@ def omega_reduced_rate(omega_bar, d_i, lam, phi, L, d_e):
     return (1.0 - d_i * omega_bar**2) * lam / (np.sqrt(d_e) * (2.0 + ratio + 1.0 / ratio))
 
 
-def solve_omega_reduced(omega0, tau, d_i, lam, phi, L, d_e, rtol=_RTOL, atol=_ATOL):
-    """Integrates (3.6) from ω̄*(τ[0]) = omega0; samples at ``tau``.
+def solve_omega_reduced(tau, *, d_i, lam, phi, L, d_e, omega0, rtol=_RTOL, atol=_ATOL):
+    """Integrates (3.6) from ω̄*(τ[0]) = ω_0; samples at ``tau``.
 
     Args:
-        omega0: initial ω̄* > 0; tau: (T,) increasing times; other args as ``omega_reduced_rate``.
+        tau: (T,) increasing times; d_i, lam, phi, L, d_e: as ``omega_reduced_rate``;
+        omega0: initial ω̄* > 0; rtol, atol: DOP853 tolerances.
     Returns:
         (T,) array ω̄*(τ).
     """
     def rhs(_, y):
-        return omega_reduced_rate(y, d_i, lam, phi, L, d_e)
+        return omega_reduced_rate(y, d_i=d_i, lam=lam, phi=phi, L=L, d_e=d_e)
 
     return _integrate(rhs, np.array([omega0], dtype=float), tau, rtol, atol)[0]
 
 
-def omega_reduced_hitting_time(omega_target, omega0, d_i, lam, phi, L, d_e):
-    """Time for (3.6) to go from omega0 to omega_target: ∫ dω̄/(3.6) (D.49).
+def omega_reduced_hitting_time(omega_target, *, d_i, lam, phi, L, d_e, omega0):
+    """Time for (3.6) to go from ω_0 to omega_target: ∫ dω̄/(3.6) (D.49).
 
     Args:
-        omega_target: target ω̄ with omega0 ≤ omega_target < d_i^{-1/2}; omega0: start ω̄ > 0;
-        other args as ``omega_reduced_rate``.
+        omega_target: target ω̄ with omega0 ≤ omega_target < d_i^{-1/2}; d_i, lam, phi, L, d_e: as
+        ``omega_reduced_rate``; omega0: start ω̄ > 0.
     Returns:
         float elapsed reduced time.
     """
     if not 0.0 < omega0 <= omega_target < 1.0 / np.sqrt(d_i):
         raise ValueError(f"need 0 < omega0 <= omega_target < d_i^(-1/2) (got {omega0}, "
                          f"{omega_target})")
-    val, _ = quad(lambda w: 1.0 / omega_reduced_rate(w, d_i, lam, phi, L, d_e), omega0,
+    val, _ = quad(lambda w: 1.0 / omega_reduced_rate(w, d_i=d_i, lam=lam, phi=phi, L=L, d_e=d_e), omega0,
                   omega_target, epsabs=0.0, epsrel=1e-11, limit=400)
     return float(val)
 
 
-def emergence_time(lam, phi, L, d_e, omega0):
+def emergence_time(*, lam, phi, L, d_e, omega0):
     """Leading-order emergence time T_0,i = √d_e φ_i/(λ_i L ω_0) (Thm 3.3, Sec 3.2).
 
     The blow-up time of ∂_τω̄ = λ_i L ω̄²/(√d_e φ_i), the small-ω̄ limit of (3.6). Reduced time τ;
@@ -418,19 +480,20 @@ def emergence_time(lam, phi, L, d_e, omega0):
     return np.sqrt(d_e) * np.asarray(phi, dtype=float) / (np.asarray(lam, dtype=float) * L * omega0)
 
 
-def path_loss(omega_bar, d_i, lam_i, phi_i, L, d):
+def path_loss(omega_bar, *, d_i, d, lam, phi, L):
     """Task-i loss along the emergence path with μ* at (3.5) (D.11):
 
     (λ_i d_i/d)(1 − 1/(1 + (d_i ω̄*²)^{-1} e^{d_i ω̄*²} φ_i d_i/L)).
 
     Args:
-        omega_bar: ω̄* > 0 (any shape); d_i, lam_i, phi_i: task constants; L; d: total dimension.
+        omega_bar: ω̄* > 0 (any shape); d_i: task i's block size; d: total dimension; lam, phi: λ_i,
+        φ_i; L: context length.
     Returns:
         loss (no ½), same shape as omega_bar.
     """
     omega_bar = np.asarray(omega_bar, dtype=float)
     x = d_i * omega_bar**2
-    return (lam_i * d_i / d) * (1.0 - 1.0 / (1.0 + np.exp(x) * phi_i * d_i / (x * L)))
+    return (lam * d_i / d) * (1.0 - 1.0 / (1.0 + np.exp(x) * phi * d_i / (x * L)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +501,7 @@ def path_loss(omega_bar, d_i, lam_i, phi_i, L, d):
 # ---------------------------------------------------------------------------------------------
 
 
-def convergence_limit(d_i, lam, sigma2, L):
+def convergence_limit(d_i, lam, *, sigma2, L):
     """Limit of the optimal head for each task (4.3; Thm 3.3(iii)):
 
     ω̄_i* = d_i^{-1/2}, μ_i* = √d_i/(1 + e d_i φ_i/L).
@@ -450,22 +513,22 @@ def convergence_limit(d_i, lam, sigma2, L):
         (omega_bar, mu): two (I,) arrays.
     """
     d_i, lam = _task_arrays(d_i, lam)
-    a = np.e * d_i * task_phi(d_i, lam, sigma2) / L
+    a = np.e * d_i * task_phi(d_i, lam, sigma2=sigma2) / L
     return 1.0 / np.sqrt(d_i), np.sqrt(d_i) / (1.0 + a)
 
 
-def limit_weights(d_i, lam, sigma2, L, H, assignment=None, omega_off=0.0):
+def limit_weights(d_i, lam, *, H, sigma2, L, assignment=None, omega_off=0.0):
     """(H, I) eigenvalues at the convergence point: head assignment[i] carries (4.3) for task i.
 
     Other entries get ω̄ = omega_off (the GF keeps losers near ω_0, Thm 3.3(i)) and μ = 0.
 
     Args:
-        d_i, lam, sigma2, L: as ``convergence_limit``; H: heads (≥ I); assignment: (I,) distinct
-        head indices (default h_i* = i); omega_off: ω̄ of non-optimal entries.
+        d_i, lam, sigma2, L: as ``convergence_limit``; H: heads (≥ I); assignment: (I,) distinct head
+        indices (default h_i* = i); omega_off: ω̄ of non-optimal entries.
     Returns:
         (omega_bar, mu): two (H, I) arrays.
     """
-    w, m = convergence_limit(d_i, lam, sigma2, L)
+    w, m = convergence_limit(d_i, lam, sigma2=sigma2, L=L)
     I = w.size
     assignment = np.arange(I) if assignment is None else np.asarray(assignment)
     if H < I or len(set(assignment.tolist())) != I:
@@ -477,7 +540,7 @@ def limit_weights(d_i, lam, sigma2, L, H, assignment=None, omega_off=0.0):
     return omega_bar, mu
 
 
-def per_task_optimal_loss(d_i, lam, sigma2, L):
+def per_task_optimal_loss(d_i, lam, *, sigma2, L):
     """Optimal single-head loss of task i (4.4): L_i* = (λ_i d_i/d) a_i/(1 + a_i), a_i = e d_iφ_i/L.
 
     Args:
@@ -491,7 +554,7 @@ def per_task_optimal_loss(d_i, lam, sigma2, L):
     return (d_i / d) * lam * eda / (lam + eda)
 
 
-def gf_icl(d_i, lam, sigma2, L):
+def gf_icl(d_i, lam, *, sigma2, L):
     """Leading term of the ICL loss at the GF convergence point (4.1, GF-ICL): Σ_i L_i*.
 
     Error terms O(L^{-(1-ε)/2} + δ + ω_0² d) are dropped.
@@ -501,10 +564,10 @@ def gf_icl(d_i, lam, sigma2, L):
     Returns:
         float loss (no ½).
     """
-    return float(per_task_optimal_loss(d_i, lam, sigma2, L).sum())
+    return float(per_task_optimal_loss(d_i, lam, sigma2=sigma2, L=L).sum())
 
 
-def length_generalization_task_losses(d_i, lam, sigma2, L_train, L_test):
+def length_generalization_task_losses(d_i, lam, *, sigma2, L_train, L_test):
     """Per-task loss of the (4.3) weights trained at L, tested at L̃ (leading order of (5.2), Prop 5.1).
 
     L_i(L̃) = (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃
@@ -526,7 +589,7 @@ def length_generalization_task_losses(d_i, lam, sigma2, L_train, L_test):
     return (lam * d_i / d) * (a**2 + at) / (1.0 + a) ** 2
 
 
-def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
+def length_generalization_loss(d_i, lam, *, sigma2, L_train, L_test):
     """Loss of the (4.3) weights trained at L, tested at L̃ (leading order of (5.2), Prop 5.1).
 
     Σ_i (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², the sum of ``length_generalization_task_losses``.
@@ -536,7 +599,7 @@ def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
     Returns:
         float loss (no ½).
     """
-    return float(np.sum(length_generalization_task_losses(d_i, lam, sigma2, L_train, L_test)))
+    return float(np.sum(length_generalization_task_losses(d_i, lam, sigma2=sigma2, L_train=L_train, L_test=L_test)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,7 +607,7 @@ def length_generalization_loss(d_i, lam, sigma2, L_train, L_test):
 # ---------------------------------------------------------------------------------------------
 
 
-def simplified_loss(B, b, d_i, lam, sigma2, L):
+def simplified_loss(B, b, d_i, lam, *, sigma2, L):
     """Single-head objective of (4.2): L_sim(B, b) = Σ_i (λ_i d_i/d)(1 − b_i/(b_i + d_iφ_i e^B/L)).
 
     Args:
@@ -560,21 +623,21 @@ def simplified_loss(B, b, d_i, lam, sigma2, L):
     return float(np.sum((d_i / d) * lam * kappa_lam / (lam * b + kappa_lam)))
 
 
-def optimal_output_scale(b, B, d_i, lam, sigma2, L):
+def optimal_output_scale(B, b, d_i, lam, *, sigma2, L):
     """Optimal u_i*(b) = √(b_i d_i)/(b_i + d_iφ_i e^B/L) for fixed attention (E.19, Thm 4.2).
 
     Args:
-        b: (I,) allocation; B: budget; d_i, lam, sigma2, L: task constants (λ_i > 0).
+        B: budget; b: (I,) allocation; d_i, lam, sigma2, L: task constants (λ_i > 0).
     Returns:
         (I,) array u_i* (the eigenvalue μ_i of U_Y).
     """
     d_i, lam = _task_arrays(d_i, lam)
     b = np.asarray(b, dtype=float)
-    kappa = task_phi(d_i, lam, sigma2) * d_i * np.exp(B) / L
+    kappa = task_phi(d_i, lam, sigma2=sigma2) * d_i * np.exp(B) / L
     return np.sqrt(b * d_i) / (b + kappa)
 
 
-def opts_allocation(B, d_i, lam, sigma2, L):
+def opts_allocation(B, d_i, lam, *, sigma2, L):
     """Inner problem of (4.2): min_b L_sim(B, b) over b ≥ 0, 1ᵀb = B (convex; spec §5.5 solver).
 
     KKT: b_i = max(0, √(w_iκ_i/ν) − κ_i), w_i = λ_i d_i/d, κ_i = d_iφ_i e^B/L, with ν set by
@@ -591,7 +654,7 @@ def opts_allocation(B, d_i, lam, sigma2, L):
     if B <= 0 or not act.any():
         return b
     d = d_i.sum()
-    kappa = d_i[act] * task_phi(d_i, lam, sigma2)[act] * np.exp(B) / L
+    kappa = d_i[act] * task_phi(d_i, lam, sigma2=sigma2)[act] * np.exp(B) / L
     wk = (lam[act] * d_i[act] / d) * kappa
 
     def alloc(log_nu):
@@ -624,7 +687,7 @@ class OptS(NamedTuple):
     omega_bar: np.ndarray
 
 
-def opts_icl(d_i, lam, sigma2, L, c=None, n_grid=200):
+def opts_icl(d_i, lam, *, sigma2, L, c=None, n_grid=200):
     """Optimal single-head loss and weights (4.2, OptS-ICL; Thm 4.2).
 
     min over 0 ≤ B ≤ B_max of min_b L_sim(B, b): the inner problem by ``opts_allocation``, the outer
@@ -642,7 +705,7 @@ def opts_icl(d_i, lam, sigma2, L, c=None, n_grid=200):
     B_max = np.log(L) + 10.0 if c is None else 2.0 * np.log(L) / c**2
 
     def f(B):
-        return simplified_loss(B, opts_allocation(B, d_i, lam, sigma2, L), d_i, lam, sigma2, L)
+        return simplified_loss(B, opts_allocation(B, d_i, lam, sigma2=sigma2, L=L), d_i, lam, sigma2=sigma2, L=L)
 
     grid = np.linspace(0.0, B_max, n_grid)
     vals = np.array([f(B) for B in grid])
@@ -650,13 +713,13 @@ def opts_icl(d_i, lam, sigma2, L, c=None, n_grid=200):
     lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, n_grid - 1)]
     res = minimize_scalar(f, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12})
     B = float(res.x) if res.fun <= vals[k] else float(grid[k])
-    b = opts_allocation(B, d_i, lam, sigma2, L)
+    b = opts_allocation(B, d_i, lam, sigma2=sigma2, L=L)
     with np.errstate(invalid="ignore", divide="ignore"):
-        u = np.where(b > 0, optimal_output_scale(b, B, d_i, lam, sigma2, L), 0.0)
+        u = np.where(b > 0, optimal_output_scale(B, b, d_i, lam, sigma2=sigma2, L=L), 0.0)
     return OptS(float(f(B)), B, b, u, np.sqrt(b / d_i))
 
 
-def optimal_mu_given_omega(omega_bar, d_i, lam, sigma2, L):
+def optimal_mu_given_omega(omega_bar, d_i, lam, *, sigma2, L):
     """Minimiser of the surrogate over μ for fixed ω̄ (E.24): μ_i = (ω̄_iω̄_iᵀ + B_i)^{-1} ω̄_i.
 
     (B_i)_{hh'} = φ_i e^{⟨ω^h, ω^h'⟩}/L, ω̄_i = (ω̄_i^(1..H)). The minimum is
@@ -669,7 +732,7 @@ def optimal_mu_given_omega(omega_bar, d_i, lam, sigma2, L):
     """
     d_i, lam = _task_arrays(d_i, lam)
     omega_bar = np.asarray(omega_bar, dtype=float)
-    phi = task_phi(d_i, lam, sigma2)
+    phi = task_phi(d_i, lam, sigma2=sigma2)
     E = np.exp(head_overlaps(omega_bar, d_i)) / L
     M = omega_bar.T[:, :, None] * omega_bar.T[:, None, :] + phi[:, None, None] * E[None]
     mu = np.linalg.solve(M, omega_bar.T[:, :, None])[..., 0]
@@ -682,19 +745,19 @@ def optimal_mu_given_omega(omega_bar, d_i, lam, sigma2, L):
 # ---------------------------------------------------------------------------------------------
 
 
-def lb_icl(H, d, L, I, lam, sigma2):
+def lb_icl(*, H, I, d, lam, sigma2, L):
     """Equiangular lower bound (4.5, LB-ICL): λ/((H − 1) φ^{-1} d^{-1} L + 1), φ = 1 + Iσ²/λ.
 
     Args:
-        H: heads (≥ 2); d: total dimension; L: context length; I: tasks; lam: total signal λ;
-        sigma2: σ².
+        H: heads (≥ 2); I: tasks; d: total dimension; lam: every task's signal λ; sigma2: σ²;
+        L: context length.
     Returns:
         float (no ½); error term O(L^{-ε/2}) dropped.
     """
-    return lam / ((H - 1) * L / (homogeneous_phi(I, lam, sigma2) * d) + 1.0)
+    return lam / ((H - 1) * L / (homogeneous_phi(I=I, lam=lam, sigma2=sigma2) * d) + 1.0)
 
 
-def equiangular_gain(x, H):
+def equiangular_gain(x, *, H):
     """g(x) = e^{x/H}(H − 1)x/(e^x − 1), the quantity maximised in E.26 (limit H − 1 at x = 0).
 
     Args:
@@ -708,37 +771,37 @@ def equiangular_gain(x, H):
     return np.where(x == 0, H - 1.0, g)
 
 
-def equiangular_lower_bound(H, d, L, I, lam, sigma2, x_max=20.0):
+def equiangular_lower_bound(*, H, I, d, lam, sigma2, L, x_max=20.0):
     """E.26: λ/(φ^{-1} d^{-1} L · sup_{x≥0} g(x) + 1), the sup found numerically on [0, x_max].
 
     Args:
-        H, d, L, I, lam, sigma2: as ``lb_icl``; x_max: search range for x.
+        H, I, d, lam, sigma2, L: as ``lb_icl``; x_max: search range for x.
     Returns:
         float lower bound (equals ``lb_icl`` because the sup is the x → 0 limit H − 1).
     """
-    res = minimize_scalar(lambda x: -equiangular_gain(x, H), bounds=(0.0, x_max),
+    res = minimize_scalar(lambda x: -equiangular_gain(x, H=H), bounds=(0.0, x_max),
                           method="bounded", options={"xatol": 1e-12})
-    sup = max(float(-res.fun), float(equiangular_gain(0.0, H)))
-    return lam / (sup * L / (homogeneous_phi(I, lam, sigma2) * d) + 1.0)
+    sup = max(float(-res.fun), float(equiangular_gain(0.0, H=H)))
+    return lam / (sup * L / (homogeneous_phi(I=I, lam=lam, sigma2=sigma2) * d) + 1.0)
 
 
-def gf_icl_table(d, L, I, lam, sigma2):
+def gf_icl_table(*, I, d, lam, sigma2, L):
     """Table 1 GF-ICL (H ≥ I): λ/(I e^{-1} φ^{-1} d^{-1} L + 1) ((4.1) for homogeneous tasks).
 
     Args:
-        d: total dimension; L: context length; I: tasks; lam: total signal; sigma2: σ².
+        I: tasks; d: total dimension; lam: every task's signal λ; sigma2: σ²; L: context length.
     Returns:
         float (no ½).
     """
-    return lam / (I * L / (np.e * homogeneous_phi(I, lam, sigma2) * d) + 1.0)
+    return lam / (I * L / (np.e * homogeneous_phi(I=I, lam=lam, sigma2=sigma2) * d) + 1.0)
 
 
-def gf_icl_snr_form(d, L, I, lam, sigma2):
+def gf_icl_snr_form(*, I, d, lam, sigma2, L):
     """Table 1 GF-ICL for H > I rewritten in SNR = λ/(Iσ²):
     σ²(1 + SNR)/(e^{-1} d^{-1} L + I^{-1}(1 + SNR^{-1})).
 
     Args:
-        d, L, I, lam, sigma2: as ``gf_icl_table`` (σ² > 0).
+        I, d, lam, sigma2, L: as ``gf_icl_table`` (σ² > 0).
     Returns:
         float, equal to ``gf_icl_table``.
     """
@@ -746,11 +809,11 @@ def gf_icl_snr_form(d, L, I, lam, sigma2):
     return sigma2 * (1.0 + snr) / (L / (np.e * d) + (1.0 + 1.0 / snr) / I)
 
 
-def mmse_table(d, L, I, lam, sigma2):
+def mmse_table(*, I, d, lam, sigma2, L):
     """Bayes risk to first order in d̄/L (4.6, MMSE): σ²/(d^{-1} L + I^{-1}(SNR^{-1} − 1)).
 
     Args:
-        d, L, I, lam, sigma2: as ``gf_icl_table`` (σ² > 0).
+        I, d, lam, sigma2, L: as ``gf_icl_table`` (σ² > 0).
     Returns:
         float (no ½).
     """
@@ -758,7 +821,7 @@ def mmse_table(d, L, I, lam, sigma2):
     return sigma2 / (L / d + (1.0 / snr - 1.0) / I)
 
 
-def mmse_e3_form(r, I, sigma2, b):
+def mmse_e3_form(r, *, I, sigma2, b):
     """Small-r Bayes form of E.3: Iσ² r/(1 + (b − 1) r); equals (4.6) only for b = SNR^{-1} = Iσ²/λ.
 
     Args:
@@ -769,36 +832,36 @@ def mmse_e3_form(r, I, sigma2, b):
     return I * sigma2 * r / (1.0 + (b - 1.0) * r)
 
 
-def const_icl(H, d, L, I, lam, sigma2):
+def const_icl(*, H, I, d, lam, sigma2, L):
     """Table 1 Const-ICL (H < I, I = kH): λ/(H e^{-1} φ^{-1} d^{-1} L + 1).
 
     Each head solves k = I/H tasks as the single-head optimum of (4.2), the others at zero signal.
 
     Args:
-        H: heads; d, L, I, lam, sigma2: as ``gf_icl_table``.
+        H: heads; I, d, lam, sigma2, L: as ``gf_icl_table``.
     Returns:
         float (no ½).
     """
-    return lam / (H * L / (np.e * homogeneous_phi(I, lam, sigma2) * d) + 1.0)
+    return lam / (H * L / (np.e * homogeneous_phi(I=I, lam=lam, sigma2=sigma2) * d) + 1.0)
 
 
-def opts_icl_table(d, L, I, lam, sigma2):
+def opts_icl_table(*, I, d, lam, sigma2, L):
     """Table 1 OptS-ICL (H = 1; (4.2) at B* = 1 for homogeneous tasks): λ/(e^{-1}φ^{-1}d^{-1}L + 1).
 
     Args:
-        d, L, I, lam, sigma2: as ``gf_icl_table``.
+        I, d, lam, sigma2, L: as ``gf_icl_table``.
     Returns:
         float (no ½).
     """
-    return const_icl(1, d, L, I, lam, sigma2)
+    return const_icl(H=1, I=I, d=d, lam=lam, sigma2=sigma2, L=L)
 
 
-def small_ratio_forms(H, d, L, I, lam, sigma2):
+def small_ratio_forms(*, H, I, d, lam, sigma2, L):
     """Leading terms as d/L → 0 (E.28-E.30, E.3): OptS ≈ e(λ+Iσ²)d/L, LB ≈ (λ+Iσ²)d/((H−1)L),
     GF ≈ e I^{-1}(λ+Iσ²)d/L, MMSE ≈ σ² d/L.
 
     Args:
-        H: heads (≥ 2 for LB); d, L, I, lam, sigma2: as ``gf_icl_table``.
+        H: heads (≥ 2 for LB); I, d, lam, sigma2, L: as ``gf_icl_table``.
     Returns:
         dict with keys "opts", "lb", "gf", "mmse".
     """
@@ -816,7 +879,7 @@ def _leggauss(n):
     return np.polynomial.legendre.leggauss(n)
 
 
-def mp_expectation(f, r, n_nodes=400):
+def mp_expectation(f, r, *, n_nodes=400):
     """E_{s~ν}[f(s)] for the Marchenko-Pastur law ν of XXᵀ/L, X ∈ R^{d̄×L} standard, r = d̄/L.
 
     Includes the atom 1 − 1/r at s = 0 for r > 1. Gauss-Legendre in θ with
@@ -844,14 +907,14 @@ def mp_expectation(f, r, n_nodes=400):
     return val
 
 
-def ridge_variance_bias_mp(r, I, lam, sigma2, b):
+def ridge_variance_bias_mp(r, *, I, lam, sigma2, b):
     """Asymptotic risk of per-task ridge with penalty b·d (E.27 derivation), summed over I tasks.
 
     Variance = σ²(d/L) E_ν[s/(s+κ)²], Bias = λ E_ν[κ²/(s+κ)²], κ = b d/L = b I r, ν = MP(r).
     (Fig 5's "penalty" is read as this b; spec A8.)
 
     Args:
-        r: d̄/L; I: tasks; lam: total signal λ; sigma2: σ²; b: penalty coefficient (> 0; b = 0
+        r: d̄/L; I: tasks; lam: every task's signal λ; sigma2: σ²; b: penalty coefficient (> 0; b = 0
             gives only the bias, the ridgeless variance E[1/s] is not implemented).
     Returns:
         (variance, bias) floats.
@@ -863,21 +926,21 @@ def ridge_variance_bias_mp(r, I, lam, sigma2, b):
     return var, bias
 
 
-def bayes_risk_mp(r, I, lam, sigma2):
+def bayes_risk_mp(r, *, I, lam, sigma2):
     """Asymptotic Bayes risk (MMSE of Thm 4.4/E.27, derivation corrected): ridge with b = σ²/λ.
 
     Equals Iσ² r E_ν[1/(s + κ)], κ = σ² I r/λ (posterior mean = ridge with penalty σ²d/λ).
 
     Args:
-        r: d̄/L; I: tasks; lam: total signal λ; sigma2: σ² > 0.
+        r: d̄/L; I: tasks; lam: every task's signal λ; sigma2: σ² > 0.
     Returns:
         float risk (no ½).
     """
-    var, bias = ridge_variance_bias_mp(r, I, lam, sigma2, sigma2 / lam)
+    var, bias = ridge_variance_bias_mp(r, I=I, lam=lam, sigma2=sigma2, b=sigma2 / lam)
     return var + bias
 
 
-def bayes_risk_mc(seed, d_bar, L, I, lam, sigma2, n, b=None, batch_size=500):
+def bayes_risk_mc(seed, *, I, d_bar, lam, sigma2, L, n, b=None, batch_size=500):
     """Monte Carlo risk of the posterior mean (or of ridge with penalty b·d), summed over I tasks.
 
     Per task: β = g_i/√d ~ N(0, (λ/d) I_{d̄}), y_l = βᵀx_l + ε_l, β̂ = (XXᵀ + b d I)^{-1} X y;
@@ -885,8 +948,8 @@ def bayes_risk_mc(seed, d_bar, L, I, lam, sigma2, n, b=None, batch_size=500):
     Batched numpy (no JIT compile: one draw is a small d̄×d̄ solve).
 
     Args:
-        seed: int or numpy Generator; d_bar: d̄; L: context length; I: tasks (d = I d̄);
-        lam: total signal λ; sigma2: σ²; n: Monte Carlo draws; b: ridge coefficient or None;
+        seed: int or numpy Generator; I: tasks (d = I d̄); d_bar: d̄; lam: every task's signal λ;
+        sigma2: σ²; L: context length; n: Monte Carlo draws; b: ridge coefficient or None;
         batch_size: draws per batch.
     Returns:
         (mean, standard error) of I·‖β̂ − β‖².
@@ -906,14 +969,14 @@ def bayes_risk_mc(seed, d_bar, L, I, lam, sigma2, n, b=None, batch_size=500):
     return float(vals.mean()), float(vals.std(ddof=1) / np.sqrt(n))
 
 
-def printed_variance_formula(b, r, I, sigma2):
+def printed_variance_formula(r, *, I, sigma2, b):
     """Variance closed form as printed in E.27 (Thm 4.4 prints "+4b" for "+4br"):
 
     Iσ²·(br + 1 + r − √((br − 1 + r)² + 4br))/(2√((br − 1 + r)² + 4br)).
     Correct (= Iσ² r E_ν[s/(s + br)²]) only when its b is read as SNR^{-1} = Iσ²/λ, i.e. κ = br.
 
     Args:
-        b: printed b; r: d̄/L; I: tasks; sigma2: σ².
+        r: d̄/L; I: tasks; sigma2: σ²; b: printed b.
     Returns:
         float.
     """
@@ -921,7 +984,7 @@ def printed_variance_formula(b, r, I, sigma2):
     return I * sigma2 * (b * r + 1.0 + r - sq) / (2.0 * sq)
 
 
-def printed_bias_formula_erratum(b, r, lam):
+def printed_bias_formula_erratum(r, *, lam, b):
     """Bias closed form as printed in E.27 / Thm 4.4. WRONG (spec §5.5, A7): kept to show the gap.
 
     λ·((br(1+r) + (1−r)² − |1−r|√((br−1+r)² + 4br))/(2√((br−1+r)² + 4br)) + (1 − 1/r)1(r>1)).
@@ -929,7 +992,7 @@ def printed_bias_formula_erratum(b, r, lam):
     b = 5, r = 3). Use ``ridge_variance_bias_mp``.
 
     Args:
-        b: printed b; r: d̄/L; lam: λ.
+        r: d̄/L; lam: every task's signal λ; b: printed b.
     Returns:
         float.
     """
@@ -998,7 +1061,7 @@ def stein_second_moment(W, q, p2, f2):
             + eye * jnp.asarray(p2)[..., None, None])
 
 
-def collision_approximation(W, W_tilde, q, L):
+def collision_approximation(W, W_tilde, q, *, L):
     """Exponential-regime approximation E[pᵀp̃ | q] ≈ e^{qᵀW̃ᵀWq}/L (Lemma B.2; Fig 6 left).
 
     Valid for ‖Wq‖², ‖W̃q‖² ≤ 2 log L/c² with error O(L^{-2(1-ε)}); fails for ‖Wq‖ ≳ √(2 log L)/c.
@@ -1013,7 +1076,7 @@ def collision_approximation(W, W_tilde, q, L):
     return jnp.exp(jnp.sum(Wq * Wtq, axis=-1)) / L
 
 
-def softmax_collision(r, L, z_max=10.0):
+def softmax_collision(r, *, L, z_max=10.0):
     """E[‖p‖² | ‖Wq‖ = r] = E‖softmax(r z)‖², z ~ N(0, I_L) (Lemma B.1; Fig 6), by exact quadrature.
 
     E‖p‖² = L·E[p_1²], p_1 = e^{rz_1}/(e^{rz_1} + S') with S' = Σ_{l≥2} e^{r z_l} independent of
@@ -1091,7 +1154,7 @@ def linear_attention_output(X, Y, W_X, U_Y, q):
     return U_Y * Ys if U_Y.ndim == 0 else jnp.einsum("yz,...z->...y", U_Y, Ys)
 
 
-def nonlinear_transfer_weights(d, lam, sigma2, L):
+def nonlinear_transfer_weights(*, d, lam, sigma2, L):
     """Single-task optimal single head (5.3): W_X = d^{-1/2} I_d, U_Y = μ = √d/(1 + e d φ/L).
 
     Args:
@@ -1099,11 +1162,11 @@ def nonlinear_transfer_weights(d, lam, sigma2, L):
     Returns:
         (omega_bar, mu): floats, W_X = omega_bar·I_d.
     """
-    w, m = convergence_limit([d], [lam], sigma2, L)
+    w, m = convergence_limit([d], [lam], sigma2=sigma2, L=L)
     return float(w[0]), float(m[0])
 
 
-def nonlinear_transfer_prediction(coeffs, alphas, q, mu):
+def nonlinear_transfer_prediction(coeffs, alphas, q, *, mu):
     """Predicted E[ŷ_q | q] for y = f(x) + ε, f = Σ_α f̂_α He_α, under (5.3) weights (5.4):
 
     μ Σ_α f̂_α d^{-|α|/2} q^α (monomials q^α, not He_α(q): high degrees leak into low ones).
@@ -1160,7 +1223,7 @@ def softmax_derivative_sum(p, k):
     return sum(cj * xp.sum(p**j, axis=-1) for j, cj in enumerate(c) if j > 0 and cj != 0.0)
 
 
-def nonlinear_transfer_mean(coeffs, alphas, q, omega_bar, mu, D):
+def nonlinear_transfer_mean(coeffs, alphas, q, D, *, omega_bar, mu):
     """Exact E[ŷ_q | q] of one head with W_X = ω̄ I_d, U_Y = μ on y = f(x) + ε, f = Σ_α f̂_α He_α (App. F.2):
 
     E[Σ_l He_α(x_l) p_l | q] = (ω̄q)^α E[D_{|α|} | q] (Stein's lemma |α| times; D_k of
@@ -1168,8 +1231,9 @@ def nonlinear_transfer_mean(coeffs, alphas, q, omega_bar, mu, D):
     ω̄ = d^{-1/2} this is (5.4), ``nonlinear_transfer_prediction``.
 
     Args:
-        coeffs: (K,) f̂_α; alphas: (K, d) multi-indices; q: (..., d) queries; omega_bar: ω̄; mu: μ;
-        D: (..., K) E[D_{|α_k|} | q] per term (per-sample D_k give per-sample terms with that mean).
+        coeffs: (K,) f̂_α; alphas: (K, d) multi-indices; q: (..., d) queries;
+        D: (..., K) E[D_{|α_k|} | q] per term (per-sample D_k give per-sample terms with that mean);
+        omega_bar: ω̄; mu: μ.
     Returns:
         (...) array.
     """

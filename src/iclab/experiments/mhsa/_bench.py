@@ -3,7 +3,7 @@
 Two models, each one SGD step on a fresh batch per step, from the theory's init:
 
 - ``full``: the full H-head softmax attention (eq 2.1) on the ½-MSE of fresh prompts (X, Y, q), the
-  step :mod:`iclab.experiments.mhsa.fig1` trains with;
+  step ``mhsa.fig1`` trains with (:mod:`iclab.experiments.mhsa._training`);
 - ``spectral``: the decomposable model's (ω̄, μ) on the ½ exact-expectation loss
   (:func:`iclab.models.mhsa.spectral_expected_loss`: G and ε integrated out, fresh X and q per step),
   parametrised directly by (ω̄, μ) (H·I numbers each): a speed comparison only, as GD on (ω̄, μ) is
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from iclab.experiments._timing import steps_fn, time_first_and_second_call
-from iclab.experiments.mhsa import fig1
+from iclab.experiments.mhsa._training import Fig1Config, half_mse, head_width, initial_params, task_family
 from iclab.models import mhsa as models
 from iclab.tasks.multitask_regression import sample_prompts
 from iclab.theory import mhsa as theory
@@ -35,29 +35,30 @@ def bench_mhsa(batch: int = 4096, steps: int = 5, seeds: int = 6, dtype: str = "
 
     Args:
         batch: fresh prompts per step (Fig 1 setting: 4096).
-        steps: steps per timed call (the full model at batch 4096 costs ~1 s per step on 2 cores).
+        steps: steps per timed call (the full model at batch 4096 is slow on a CPU: keep it small).
         seeds: seeds of the vmapped runs.
         dtype: float32 or float64 arithmetic.
+        lr: SGD learning rate.
     Returns:
         JSON-able dict: steps/s and seconds per step of each (model, seeds), compile+first-call
         seconds, the setting, load and device.
     """
     load_before = os.getloadavg()
-    c = fig1.Fig1Config(batch=batch, dtype=dtype)
-    ts = fig1.task_family(c)
-    d_e = fig1.head_width(c)
-    w0, m0 = theory.initial_state(c.H, c.I, c.omega0, c.mu0, c.advantage)
+    c = Fig1Config(batch=batch, dtype=dtype)
+    ts = task_family(c)
+    d_e = head_width(c)
+    w0, m0 = theory.initial_state(H=c.H, I=c.I, omega0=c.omega0, mu0=c.mu0, advantage=c.advantage)
     spec0 = {"omega": jnp.asarray(w0, dtype), "mu": jnp.asarray(m0, dtype)}
-    full0 = fig1.initial_params(spec0, ts, d_e)
+    full0 = initial_params(spec0, ts, d_e)
 
     def full_loss(p, key):
-        return fig1.half_mse(p, sample_prompts(key, ts, c.L, batch))
+        return half_mse(p, sample_prompts(key, ts, c.L, batch))
 
     def spectral_loss(s, key):
         kx, kq = jax.random.split(key)
         X = jax.random.normal(kx, (batch, ts.d, c.L), dtype)
         q = jax.random.normal(kq, (batch, ts.d), dtype)
-        return 0.5 * models.spectral_expected_loss(s, X, q, ts.d_i, ts.lam, c.sigma**2)
+        return 0.5 * models.spectral_expected_loss(s, X, q, ts.d_i, ts.lam, sigma2=c.sigma**2)
 
     out = {}
     for name, loss, p0 in (("full", full_loss, full0), ("spectral", spectral_loss, spec0)):

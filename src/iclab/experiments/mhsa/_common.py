@@ -1,14 +1,33 @@
-"""Shared helpers of the mhsa experiments."""
+"""Shared helpers of the mhsa experiments: the paper key and the homogeneous-task loss curves of
+Figs 5 and 7 (the Fig 1 training setting is :mod:`iclab.experiments.mhsa._training`)."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import numpy as np
+
+from iclab.theory import mhsa as theory
 
 PAPER = "mhsa"
 
 
-def seed_keys(seed: int, seeds: int) -> jax.Array:
-    """One key per seed: fold_in(PRNGKey(seed), s), s = 0..seeds−1. Returns (seeds, 2)."""
-    base = jax.random.PRNGKey(seed)
-    return jnp.stack([jax.random.fold_in(base, s) for s in range(seeds)])
+def loss_curves(r, I: int, *, lam: float, sigma2: float, penalties=(), d_bar: int = 100) -> dict:
+    """Fig 5's curves against r = d̄/L (homogeneous tasks; they depend on d̄/L only, d̄ sets the scale).
+
+    Args:
+        r: (R,) values of d̄/L; I: tasks; lam: every task's signal λ; sigma2: σ²; penalties: ridge
+        coefficients b (ridge with penalty b·d, spec A8); d_bar: d̄ of the closed forms in (d, L).
+    Returns:
+        {"r", "penalties", "ridge" (P, R) MP ridge risk per penalty b, "mmse" (4.6), "bayes_mp" (MP Bayes
+        risk), "gf" GF-ICL (Table 1, H ≥ I), "opts" OptS-ICL (H = 1)}, every loss without ½.
+    """
+    r = np.asarray(r, dtype=float)
+    d = I * d_bar
+    L = d_bar / r
+    table = dict(I=I, d=d, lam=lam, sigma2=sigma2)
+    ridge = np.array([[sum(theory.ridge_variance_bias_mp(rk, I=I, lam=lam, sigma2=sigma2, b=b)) for rk in r]
+                      for b in penalties])
+    return {"r": r, "ridge": ridge.reshape(len(penalties), r.size), "penalties": np.asarray(penalties, dtype=float),
+            "mmse": np.array([theory.mmse_table(**table, L=Lk) for Lk in L]),
+            "bayes_mp": np.array([theory.bayes_risk_mp(rk, I=I, lam=lam, sigma2=sigma2) for rk in r]),
+            "gf": np.array([theory.gf_icl_table(**table, L=Lk) for Lk in L]),
+            "opts": np.array([theory.opts_icl_table(**table, L=Lk) for Lk in L])}

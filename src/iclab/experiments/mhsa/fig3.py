@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from iclab.experiments._analysis import first_rise
 from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.mhsa._common import PAPER
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 
@@ -45,45 +47,46 @@ def _rk4(f, y0, t):
     return y
 
 
+def _setting(c: Fig3Config) -> dict:
+    """The single-task constants of (3.4)-(3.6) as keyword arguments of the theory."""
+    return dict(d_i=c.d_i, lam=c.lam, phi=c.phi, L=c.L, d_e=c.d_e)
+
+
 def run_fig3(config: Fig3Config, reporter) -> dict:
     c = config
-    args = (c.d_i, c.lam, c.phi, c.L, c.d_e)
+    args = _setting(c)
     tau = np.linspace(c.tau0, c.tau_max, c.n_t)
-    with reporter.task("ODEs (3.4), (3.6)", 3) as cb:
-        w34, m34 = theory.solve_emergence(c.omega0, c.mu0, tau, *args)
+    with task(reporter, "ODEs (3.4), (3.6)", 3) as cb:
+        w34, m34 = theory.solve_emergence(tau, **args, omega0=c.omega0, mu0=c.mu0)
         cb(1, {})
-        w36 = theory.solve_omega_reduced(c.omega0, tau, *args)
+        w36 = theory.solve_omega_reduced(tau, **args, omega0=c.omega0)
         cb(2, {})
         t_rk = np.linspace(c.tau0, c.tau_max, c.rk4_steps + 1)
-        y_rk = _rk4(lambda y: np.array(theory.emergence_field(y[0], y[1], *args)), np.array([c.omega0, c.mu0]), t_rk)
+        y_rk = _rk4(lambda y: np.array(theory.emergence_field(y[0], y[1], **args)), np.array([c.omega0, c.mu0]), t_rk)
         cb(3, {})
     grid = np.linspace(1e-4, 1.3 / np.sqrt(c.d_i), 800)
-    return {"tau": tau, "omega_34": w34, "mu_34": m34, "omega_36": w36, "mu_36": theory.mu_quasi_equilibrium(w36, c.d_i, c.phi, c.L),
-            "rk4_final": y_rk[-1], "omega_grid": grid, "rate": theory.omega_reduced_rate(grid, *args),
-            "T0": np.float64(theory.emergence_time(c.lam, c.phi, c.L, c.d_e, c.omega0))}
-
-
-def _crossing(t, y, level):
-    k = int(np.argmax(y >= level))
-    return float(np.interp(level, y[k - 1:k + 1], t[k - 1:k + 1])) if k > 0 else np.nan
+    return {"tau": tau, "omega_34": w34, "mu_34": m34, "omega_36": w36,
+            "mu_36": theory.mu_quasi_equilibrium(w36, d_i=c.d_i, phi=c.phi, L=c.L),
+            "rk4_final": y_rk[-1], "omega_grid": grid, "rate": theory.omega_reduced_rate(grid, **args),
+            "T0": np.float64(theory.emergence_time(lam=c.lam, phi=c.phi, L=c.L, d_e=c.d_e, omega0=c.omega0))}
 
 
 def checks_fig3(config: Fig3Config, a: dict) -> list:
     c = config
-    args = (c.d_i, c.lam, c.phi, c.L, c.d_e)
+    args = _setting(c)
     w_star = 1.0 / np.sqrt(c.d_i)
     mu_star = np.sqrt(c.d_i) / (1.0 + np.e * c.d_i * c.phi / c.L)
     tau = a["tau"]
     hit_err = []
     for f in (0.5, 0.9, 0.99):
-        t_ode = _crossing(tau, a["omega_36"], f * w_star) - c.tau0
-        t_quad = theory.omega_reduced_hitting_time(f * w_star, c.omega0, *args)
+        t_ode = first_rise(tau, a["omega_36"], f * w_star) - c.tau0
+        t_quad = theory.omega_reduced_hitting_time(f * w_star, **args, omega0=c.omega0)
         hit_err.append(abs(t_ode / t_quad - 1))
     rk = a["rk4_final"]
     g, rate = a["omega_grid"], a["rate"]
     below, above = g < w_star * (1 - 1e-9), g > w_star * (1 + 1e-9)
     small = 1e-3
-    lin = theory.omega_reduced_rate(small, *args) / (c.lam * c.L * small**2 / (np.sqrt(c.d_e) * c.phi))
+    lin = theory.omega_reduced_rate(small, **args) / (c.lam * c.L * small**2 / (np.sqrt(c.d_e) * c.phi))
     return [
         check_at_most("(3.4): adaptive solver = fixed-step RK4 at τ_max (max relative gap)",
                       float(np.max(np.abs(rk / np.array([a["omega_34"][-1], a["mu_34"][-1]]) - 1))), 1e-6,

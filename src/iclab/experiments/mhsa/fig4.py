@@ -14,12 +14,13 @@ from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.mhsa._common import PAPER
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 
 class Fig4Config(ExperimentConfig):
     I: int = param(10, "tasks I", paper=10, ge=1, le=1000)
-    lam: float = param(1.0, "total signal λ", paper=1.0, gt=0, le=1e3)
+    lam: float = param(1.0, "signal λ of every task (= the total signal Σλ_i d_i/d)", paper=1.0, gt=0, le=1e3)
     sigma2: float = param(1.0, "noise variance σ²", paper=1.0, gt=0, le=1e3)
     d_bar: int = param(100, "task dimension d̄ (the curves depend on d̄/L only)", gt=0, le=100_000)
     r_min: float = param(1e-3, "smallest d̄/L", paper_note="x-range unspecified", gt=0, le=1)
@@ -38,21 +39,24 @@ def run_fig4(config: Fig4Config, reporter) -> dict:
     r = np.geomspace(config.r_min, config.r_max, config.n_r)
     d = I * config.d_bar
     L = config.d_bar / r
-    lb = np.array([[theory.lb_icl(H, d, Lk, I, lam, s2) for Lk in L] for H in config.H_curves])
-    mmse = np.array([theory.mmse_table(d, Lk, I, lam, s2) for Lk in L])
-    mp = np.array([theory.bayes_risk_mp(rk, I, lam, s2) for rk in r])
+    table = dict(I=I, d=d, lam=lam, sigma2=s2)
+    lb = np.array([[theory.lb_icl(H=H, **table, L=Lk) for Lk in L] for H in config.H_curves])
+    mmse = np.array([theory.mmse_table(**table, L=Lk) for Lk in L])
+    mp = np.array([theory.bayes_risk_mp(rk, I=I, lam=lam, sigma2=s2) for rk in r])
     Hs = np.arange(1, config.H_max + 1)
     Lb = config.d_bar / config.r_b
-    lb_H = np.array([theory.lb_icl(H, d, Lb, I, lam, s2) for H in Hs])
-    lb_H_num = np.array([theory.equiangular_lower_bound(H, d, Lb, I, lam, s2) if H >= 2 else np.nan for H in Hs])
-    mmse_b = theory.mmse_table(d, Lb, I, lam, s2)
-    with reporter.task("Monte Carlo Bayes risk", 1) as cb:
+    lb_H = np.array([theory.lb_icl(H=H, **table, L=Lb) for H in Hs])
+    lb_H_num = np.array([theory.equiangular_lower_bound(H=H, **table, L=Lb) if H >= 2 else np.nan for H in Hs])
+    mmse_b = theory.mmse_table(**table, L=Lb)
+    with task(reporter, "Monte Carlo Bayes risk", 1) as cb:
         L_mc = int(round(config.mc_d_bar / config.r_b))
-        mc_b = theory.bayes_risk_mc(config.seed, config.mc_d_bar, L_mc, I, lam, s2, config.mc_n)
+        mc_b = theory.bayes_risk_mc(config.seed, I=I, d_bar=config.mc_d_bar, lam=lam, sigma2=s2, L=L_mc,
+                                    n=config.mc_n)
         cb(1, {})
     return {"r": r, "lb": lb, "mmse": mmse, "mp": mp, "H_curves": np.asarray(config.H_curves), "H": Hs,
             "lb_H": lb_H, "lb_H_num": lb_H_num, "mmse_b": np.float64(mmse_b),
-            "mmse_b_at_mc_size": np.float64(theory.mmse_table(I * config.mc_d_bar, L_mc, I, lam, s2)),
+            "mmse_b_at_mc_size": np.float64(theory.mmse_table(I=I, d=I * config.mc_d_bar, lam=lam, sigma2=s2,
+                                                              L=L_mc)),
             "mc_b": np.asarray(mc_b)}
 
 
@@ -63,7 +67,7 @@ def checks_fig4(config: Fig4Config, a: dict) -> list:
     binds_lb = bool(np.all(lb_H[below] > a["mmse_b"]))
     cross = H[np.argmax(lb_H < a["mmse_b"])] if np.any(lb_H < a["mmse_b"]) else np.inf
     x = np.linspace(1e-6, 20.0, 20001)
-    gain = max(float(theory.equiangular_gain(x, h).max()) / (h - 1) for h in H[ok])
+    gain = max(float(theory.equiangular_gain(x, H=h).max()) / (h - 1) for h in H[ok])
     mc_mean, mc_se = a["mc_b"]
     return [
         check_at_most("E.26: sup_x e^{x/H}(H−1)x/(e^x−1) on a grid over x ∈ (0, 20], ÷ (H − 1) (max over H)",

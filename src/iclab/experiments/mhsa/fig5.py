@@ -14,13 +14,15 @@ from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_rel
-from iclab.experiments.mhsa._common import PAPER
+from iclab.experiments.mhsa._common import PAPER, loss_curves
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 
 class Fig5Config(ExperimentConfig):
     I: int = param(10, "tasks I", paper=10, paper_note="from 'H ∧ I = 10'", ge=1, le=1000)
-    lam: float = param(1.0, "total signal λ", paper_note="unspecified; Fig 4's value", gt=0, le=1e3)
+    lam: float = param(1.0, "signal λ of every task (= the total signal)", paper_note="unspecified; Fig 4's value",
+                       gt=0, le=1e3)
     sigma2: float = param(1.0, "noise variance σ²", paper_note="unspecified; Fig 4's value", gt=0, le=1e3)
     penalties: tuple[float, ...] = param((0.05, 5.0), "ridge penalties b (ridge with b·d·I)", paper=(0.05, 5.0),
                                          paper_note="whether the penalty multiplies d is unspecified (spec A8)")
@@ -32,38 +34,21 @@ class Fig5Config(ExperimentConfig):
     mc_n: int = param(400, "Monte Carlo draws per point", ge=20, le=1_000_000)
 
 
-def loss_curves(r, I: int, lam: float, sigma2: float, penalties=(), d_bar: int = 100) -> dict:
-    """Fig 5's curves against r = d̄/L (homogeneous tasks; they depend on d̄/L only, d̄ sets the scale).
-
-    Returns {"r", "penalties", "ridge" (P, R) MP ridge risk per penalty b, "mmse" (4.6), "bayes_mp" (MP Bayes
-    risk), "gf" GF-ICL (Table 1, H ≥ I), "opts" OptS-ICL (H = 1)}, every loss without ½.
-    """
-    r = np.asarray(r, dtype=float)
-    d = I * d_bar
-    L = d_bar / r
-    ridge = np.array([[sum(theory.ridge_variance_bias_mp(rk, I, lam, sigma2, b)) for rk in r] for b in penalties])
-    return {"r": r, "ridge": ridge.reshape(len(penalties), r.size), "penalties": np.asarray(penalties, dtype=float),
-            "mmse": np.array([theory.mmse_table(d, Lk, I, lam, sigma2) for Lk in L]),
-            "bayes_mp": np.array([theory.bayes_risk_mp(rk, I, lam, sigma2) for rk in r]),
-            "gf": np.array([theory.gf_icl_table(d, Lk, I, lam, sigma2) for Lk in L]),
-            "opts": np.array([theory.opts_icl_table(d, Lk, I, lam, sigma2) for Lk in L])}
-
-
 def run_fig5(config: Fig5Config, reporter) -> dict:
     I, lam, s2 = config.I, config.lam, config.sigma2
     r = np.geomspace(config.r_min, config.r_max, config.n_r)
-    out = loss_curves(r, I, lam, s2, config.penalties)
+    out = loss_curves(r, I, lam=lam, sigma2=s2, penalties=config.penalties)
     b_small = min(config.penalties)
     mc_r = np.asarray(config.mc_r, dtype=float)
     mc = np.zeros((mc_r.size, 2))
-    with reporter.task("Monte Carlo ridge risk", mc_r.size) as cb:
+    with task(reporter, "Monte Carlo ridge risk", mc_r.size) as cb:
         for j, rk in enumerate(mc_r):
             L_mc = int(round(config.mc_d_bar / rk))
-            mc[j] = theory.bayes_risk_mc(config.seed + j, config.mc_d_bar, L_mc, I, lam, s2, config.mc_n, b=b_small,
-                                         batch_size=50)
+            mc[j] = theory.bayes_risk_mc(config.seed + j, I=I, d_bar=config.mc_d_bar, lam=lam, sigma2=s2, L=L_mc,
+                                         n=config.mc_n, b=b_small, batch_size=50)
             cb(j + 1, {})
-    out.update(mc_r=mc_r, mc=mc, mc_mp=np.array([sum(theory.ridge_variance_bias_mp(rk, I, lam, s2, b_small))
-                                                  for rk in mc_r]))
+    out.update(mc_r=mc_r, mc=mc, mc_mp=np.array([sum(theory.ridge_variance_bias_mp(rk, I=I, lam=lam, sigma2=s2,
+                                                                                  b=b_small)) for rk in mc_r]))
     return out
 
 
@@ -74,8 +59,8 @@ def checks_fig5(config: Fig5Config, a: dict) -> list:
     interior = np.where((c[1:-1] > c[:-2]) & (c[1:-1] > c[2:]))[0] + 1
     peak = float(r[interior[np.argmax(c[interior])]]) if interior.size else np.nan
     r_lim, d_lim = 1e-6, 100
-    lim = (theory.opts_icl_table(config.I * d_lim, d_lim / r_lim, config.I, config.lam, config.sigma2)
-           / theory.gf_icl_table(config.I * d_lim, d_lim / r_lim, config.I, config.lam, config.sigma2))
+    table = dict(I=config.I, d=config.I * d_lim, lam=config.lam, sigma2=config.sigma2, L=d_lim / r_lim)
+    lim = theory.opts_icl_table(**table) / theory.gf_icl_table(**table)
     rel_mc = np.abs(a["mc"][:, 0] / a["mc_mp"] - 1)
     se_rel = a["mc"][:, 1] / a["mc_mp"]
     return [

@@ -16,6 +16,7 @@ from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.mhsa._common import PAPER
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 
@@ -57,13 +58,13 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
     r = _r_grid(config)
     r_mc = np.asarray(config.r_mc, dtype=float)
     key = jax.random.PRNGKey(config.seed)
-    with reporter.task("quadrature E‖p‖²", 2) as cb:
-        quad = theory.softmax_collision(r, config.L)
+    with task(reporter, "quadrature E‖p‖²", 2) as cb:
+        quad = theory.softmax_collision(r, L=config.L)
         cb(1, {})
-        quad_mc = theory.softmax_collision(r_mc, config.L)
+        quad_mc = theory.softmax_collision(r_mc, L=config.L)
         cb(2, {})
     mc_mean, mc_se = np.zeros(r_mc.size), np.zeros(r_mc.size)
-    with reporter.task("Monte Carlo E‖p‖²", r_mc.size) as cb:
+    with task(reporter, "Monte Carlo E‖p‖²", r_mc.size) as cb:
         for j, rr in enumerate(r_mc):
             mc_mean[j], mc_se[j] = _mc(jax.random.fold_in(key, j), float(rr), config.L, config.mc_samples)
             cb(j + 1, {})

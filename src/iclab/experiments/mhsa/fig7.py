@@ -5,7 +5,7 @@ the equiangular lower bound (E.29, LB-ICL ≈ (λ+Iσ²)d/((H−1)L)), the gradi
 GF-ICL ≈ eI^{-1}(λ+Iσ²)d/L) and the Bayes risk (MMSE ≈ σ²d/L), and remarks that as I grows GF-ICL
 approaches the MMSE up to a constant factor while a single head stays ≈ I times worse. The paper
 prints only the caption; every setting is unspecified (spec §6), so the figure is drawn as a variant
-of Fig 5 (its λ, σ², I and curves, reusing :func:`iclab.experiments.mhsa.fig5.loss_curves`):
+of Fig 5 (its λ, σ², I and curves, :func:`iclab.experiments.mhsa._common.loss_curves`):
 (a) the losses against d̄/L with their small-d̄/L forms dashed, (b) their ratios to the MMSE against I
 at a fixed small d̄/L with the limits of E.28-E.30 dashed.
 """
@@ -19,8 +19,8 @@ from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most
-from iclab.experiments.mhsa import fig5
-from iclab.experiments.mhsa._common import PAPER
+from iclab.experiments.mhsa._common import PAPER, loss_curves
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 UNSPEC = "Fig 7's settings are unspecified (spec §6); Fig 5's value"
@@ -34,7 +34,8 @@ class Fig7Config(ExperimentConfig):
     I: int = param(10, "tasks I of panel (a)", paper_note=UNSPEC + " ('H ∧ I = 10')", ge=1, le=1000)
     H: int | None = param(None, "heads H of LB-ICL (≥ 2); null: H = I (the H = I case of Cor 4.5)",
                           paper_note="unspecified", ge=2, le=100_000)
-    lam: float = param(1.0, "total signal λ", paper_note=UNSPEC + " (Fig 4's)", gt=0, le=1e3)
+    lam: float = param(1.0, "signal λ of every task (= the total signal)", paper_note=UNSPEC + " (Fig 4's)", gt=0,
+                       le=1e3)
     sigma2: float = param(1.0, "noise variance σ²", paper_note=UNSPEC + " (Fig 4's)", gt=0, le=1e3)
     r_min: float = param(1e-5, "smallest d̄/L of panel (a)", paper_note="E.3's regime d̄/L = o(λ/σ²); x-range unspecified",
                          gt=0, le=1e-2)
@@ -58,13 +59,15 @@ def _heads(config: Fig7Config) -> int:
     return config.I if config.H is None else config.H
 
 
-def _lb_curve(r, I, H, lam, sigma2, d_bar=100):
-    return np.array([theory.lb_icl(H, I * d_bar, d_bar / rk, I, lam, sigma2) for rk in np.atleast_1d(r)])
+def _lb_curve(r, *, H, I, lam, sigma2, d_bar=100):
+    return np.array([theory.lb_icl(H=H, I=I, d=I * d_bar, lam=lam, sigma2=sigma2, L=d_bar / rk)
+                     for rk in np.atleast_1d(r)])
 
 
-def _small_forms(r, I, H, lam, sigma2, d_bar=100) -> np.ndarray:
+def _small_forms(r, *, H, I, lam, sigma2, d_bar=100) -> np.ndarray:
     """(4, R) small-d̄/L forms of FORMS (E.28-E.30, E.3's σ²d/L)."""
-    out = [theory.small_ratio_forms(H, I * d_bar, d_bar / rk, I, lam, sigma2) for rk in np.atleast_1d(r)]
+    out = [theory.small_ratio_forms(H=H, I=I, d=I * d_bar, lam=lam, sigma2=sigma2, L=d_bar / rk)
+           for rk in np.atleast_1d(r)]
     return np.array([[o[k] for o in out] for k in FORMS])
 
 
@@ -72,22 +75,23 @@ def run_fig7(config: Fig7Config, reporter) -> dict:
     c = config
     H = _heads(c)
     r = np.geomspace(c.r_min, c.r_max, c.n_r)
-    with reporter.task("closed forms and MP quadrature", 2) as cb:
-        curves = fig5.loss_curves(r, c.I, c.lam, c.sigma2, c.penalties)
-        curves["lb"] = _lb_curve(r, c.I, H, c.lam, c.sigma2)
+    setting = dict(lam=c.lam, sigma2=c.sigma2)
+    with task(reporter, "closed forms and MP quadrature", 2) as cb:
+        curves = loss_curves(r, c.I, **setting, penalties=c.penalties)
+        curves["lb"] = _lb_curve(r, H=H, I=c.I, **setting)
         full = np.array([curves[k] for k in FORMS])
-        small = _small_forms(r, c.I, H, c.lam, c.sigma2)
+        small = _small_forms(r, H=H, I=c.I, **setting)
         # E.3's MMSE form Iσ²r/(1 + (b − 1)r), with b = SNR^{-1} (equals (4.6)) and as printed, b = σ²/λ.
-        e3_snr = np.array([theory.mmse_e3_form(rk, c.I, c.sigma2, c.I * c.sigma2 / c.lam) for rk in r])
-        e3_printed = np.array([theory.mmse_e3_form(rk, c.I, c.sigma2, c.sigma2 / c.lam) for rk in r])
+        e3_snr = np.array([theory.mmse_e3_form(rk, I=c.I, sigma2=c.sigma2, b=c.I * c.sigma2 / c.lam) for rk in r])
+        e3_printed = np.array([theory.mmse_e3_form(rk, I=c.I, sigma2=c.sigma2, b=c.sigma2 / c.lam) for rk in r])
         cb(1, {})
         Is = np.asarray(c.I_values)
         full_I = np.zeros((len(FORMS), Is.size))
         for j, I in enumerate(Is):
-            at = fig5.loss_curves([c.r_ratio], int(I), c.lam, c.sigma2)
-            at["lb"] = _lb_curve(c.r_ratio, int(I), max(int(I), 2), c.lam, c.sigma2)
+            at = loss_curves([c.r_ratio], int(I), **setting)
+            at["lb"] = _lb_curve(c.r_ratio, H=max(int(I), 2), I=int(I), **setting)
             full_I[:, j] = [at[k][0] for k in FORMS]
-        small_I = np.array([_small_forms(c.r_ratio, I, max(I, 2), c.lam, c.sigma2)[:, 0] for I in Is]).T
+        small_I = np.array([_small_forms(c.r_ratio, H=max(I, 2), I=I, **setting)[:, 0] for I in Is]).T
         cb(2, {})
     return {"r": r, "full": full, "small": small, "bayes_mp": curves["bayes_mp"], "ridge": curves["ridge"],
             "penalties": curves["penalties"], "mmse_e3_snr": e3_snr, "mmse_e3_printed": e3_printed,

@@ -15,6 +15,7 @@ from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_rel
 from iclab.experiments.mhsa._common import PAPER
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 ENTRIES = ("lb", "gf", "gf_snr", "gf_41", "const", "opts", "opts_solver", "mmse")
@@ -24,7 +25,7 @@ class Table1Config(ExperimentConfig):
     I: int = param(4, "tasks I", paper_note="Table 1 is symbolic; settings are the user's", ge=1, le=1000)
     d_bar: int = param(10, "task dimension d̄ (d = I d̄)", ge=1, le=1000)
     L: int = param(200, "context length L", ge=2, le=10_000_000)
-    lam: float = param(1.0, "total signal λ", gt=0, le=1e3)
+    lam: float = param(1.0, "signal λ of every task (= the total signal)", gt=0, le=1e3)
     sigma2: float = param(0.5, "noise variance σ² (> 0 for the MMSE and SNR forms)", gt=0, le=1e3)
     H: tuple[int, ...] = param((1, 2, 4, 8), "head counts (rows); Const-ICL needs H | I")
     mc_n: int = param(20_000, "Monte Carlo draws of the posterior-mean risk", ge=100, le=10_000_000)
@@ -34,27 +35,28 @@ class Table1Config(ExperimentConfig):
 def run_table1(config: Table1Config, reporter) -> dict:
     c = config
     d, I = c.I * c.d_bar, c.I
-    args = (d, c.L, I, c.lam, c.sigma2)
+    args = dict(I=I, d=d, lam=c.lam, sigma2=c.sigma2, L=c.L)
+    tasks = ((c.d_bar,) * I, (c.lam,) * I)
     rows = {k: np.full(len(c.H), np.nan) for k in ENTRIES}
-    opts = theory.opts_icl((c.d_bar,) * I, (c.lam,) * I, c.sigma2, c.L)
+    opts = theory.opts_icl(*tasks, sigma2=c.sigma2, L=c.L)
     for j, H in enumerate(c.H):
-        rows["lb"][j] = theory.lb_icl(H, *args) if H >= 2 else np.nan
-        rows["gf"][j] = theory.gf_icl_table(*args)
-        rows["gf_snr"][j] = theory.gf_icl_snr_form(*args)
-        rows["gf_41"][j] = theory.gf_icl((c.d_bar,) * I, (c.lam,) * I, c.sigma2, c.L)
-        rows["const"][j] = theory.const_icl(H, *args) if I % H == 0 and H <= I else np.nan
-        rows["opts"][j] = theory.opts_icl_table(*args)
+        rows["lb"][j] = theory.lb_icl(H=H, **args) if H >= 2 else np.nan
+        rows["gf"][j] = theory.gf_icl_table(**args)
+        rows["gf_snr"][j] = theory.gf_icl_snr_form(**args)
+        rows["gf_41"][j] = theory.gf_icl(*tasks, sigma2=c.sigma2, L=c.L)
+        rows["const"][j] = theory.const_icl(H=H, **args) if I % H == 0 and H <= I else np.nan
+        rows["opts"][j] = theory.opts_icl_table(**args)
         rows["opts_solver"][j] = opts.loss
-        rows["mmse"][j] = theory.mmse_table(*args)
-    with reporter.task("Monte Carlo Bayes risk", 1) as cb:
-        mc = theory.bayes_risk_mc(c.seed, c.d_bar, c.L, I, c.lam, c.sigma2, c.mc_n, batch_size=1000)
+        rows["mmse"][j] = theory.mmse_table(**args)
+    with task(reporter, "Monte Carlo Bayes risk", 1) as cb:
+        mc = theory.bayes_risk_mc(c.seed, I=I, d_bar=c.d_bar, lam=c.lam, sigma2=c.sigma2, L=c.L, n=c.mc_n,
+                                  batch_size=1000)
         cb(1, {})
-    L_small = c.d_bar / c.r_small
-    small_args = (d, L_small, I, c.lam, c.sigma2)
+    small_args = dict(args, L=c.d_bar / c.r_small)
     H2 = max(2, max(c.H))
-    small = theory.small_ratio_forms(H2, *small_args)
-    full = {"opts": theory.opts_icl_table(*small_args), "lb": theory.lb_icl(H2, *small_args),
-            "gf": theory.gf_icl_table(*small_args), "mmse": theory.mmse_table(*small_args)}
+    small = theory.small_ratio_forms(H=H2, **small_args)
+    full = {"opts": theory.opts_icl_table(**small_args), "lb": theory.lb_icl(H=H2, **small_args),
+            "gf": theory.gf_icl_table(**small_args), "mmse": theory.mmse_table(**small_args)}
     return {"H": np.asarray(c.H), **rows, "mmse_mc": np.asarray(mc), "opts_B": np.float64(opts.B),
             "small_keys": np.array(list(small)), "small_form": np.array([small[k] for k in small]),
             "small_full": np.array([full[k] for k in small])}

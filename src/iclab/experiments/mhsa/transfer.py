@@ -22,6 +22,7 @@ from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_rel
 from iclab.experiments.mhsa._common import PAPER
+from iclab.progress import task
 from iclab.theory import mhsa as theory
 
 Target = Literal["const", "x1", "x1x2", "he2_x1", "he3_x1"]
@@ -75,7 +76,7 @@ class TransferConfig(ExperimentConfig):
 
 def run_transfer(config: TransferConfig, reporter) -> dict:
     c = config
-    omega_bar, mu = theory.nonlinear_transfer_weights(c.d, c.lam, c.sigma2, c.L)
+    omega_bar, mu = theory.nonlinear_transfer_weights(d=c.d, lam=c.lam, sigma2=c.sigma2, L=c.L)
     key = jax.random.PRNGKey(c.seed)
     kq, kx = jax.random.split(key)
     q = np.asarray(jax.random.normal(kq, (c.n_queries, c.d)))
@@ -100,8 +101,8 @@ def run_transfer(config: TransferConfig, reporter) -> dict:
 
     n_chunks = -(-c.contexts // c.chunk)
     ys, Ds = [], []
-    with reporter.task(f"Monte Carlo E[ŷ|q]: {c.n_queries} queries × {len(names)} targets, d = {c.d}, L = {c.L}",
-                       n_chunks) as cb:
+    with task(reporter, f"Monte Carlo E[ŷ|q]: {c.n_queries} queries × {len(names)} targets, d = {c.d}, L = {c.L}",
+              n_chunks) as cb:
         for j in range(n_chunks):
             y, D = chunk_outputs(jax.random.fold_in(kx, j))
             ys.append(np.asarray(y))
@@ -115,11 +116,11 @@ def run_transfer(config: TransferConfig, reporter) -> dict:
     hermite = np.zeros_like(lead)
     for t, name in enumerate(names):
         coeffs, alphas = expansion(name, c.d)
-        lead[t] = theory.nonlinear_transfer_prediction(coeffs, alphas, q, mu)
+        lead[t] = theory.nonlinear_transfer_prediction(coeffs, alphas, q, mu=mu)
         # Leakage-free reading of (5.4): He_α(q) in place of q^α (every target here is one term with f̂ = 1).
         hermite[t] = mu * c.d ** (-0.5 * alphas.sum()) * hermite_at(name, q)
         Dk = D[..., [orders.index(int(a.sum())) for a in alphas]]  # (n, Q, K_t)
-        exact[:, :, t] = theory.nonlinear_transfer_mean(coeffs, alphas, q[None], omega_bar, mu, Dk)
+        exact[:, :, t] = theory.nonlinear_transfer_mean(coeffs, alphas, q[None], Dk, omega_bar=omega_bar, mu=mu)
     diff = y - exact
     return {
         "q": q, "omega_bar": np.float64(omega_bar), "mu": np.float64(mu), "orders": np.asarray(orders),
