@@ -15,7 +15,7 @@ def test_eq76_times_chain_from_the_previous_drop():
     # our time is half the paper's: t̂_m − t_(m−1) = 1/(2 λ_m² v_m(t_(m−1)))
     assert pred[0] == pytest.approx(1 / (2 * 0.16 * 0.1))
     assert pred[1] == pytest.approx(10 + 1 / (2 * 0.09 * 0.1))
-    assert pred[3] == pytest.approx(40 + theory.attn_s_next_plateau_time(0.1, 0.25) / 2)
+    assert pred[3] == pytest.approx(40 + theory.attn_s_next_plateau_time(lam=0.1, v_at_tm=0.25) / 2)
     ratio = fig10.duration_ratios(t_end, pred)
     assert ratio[0] == pytest.approx(10 / pred[0]) and ratio[1] == pytest.approx(10 / (pred[1] - 10))
 

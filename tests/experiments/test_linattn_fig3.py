@@ -16,7 +16,7 @@ def _aligned_trajectory(v0=(0.05, 0.04, 0.03, 0.02)):
     (paper time 2t), and the loss is Σ_d λ_d − 2λ_d²c_d + λ_d a_d c_d², c_d = v_d³. Drops near
     t = 62, 139, 417, 2500 (eq 71); records every 0.5 up to t = 600, every 5 after."""
     t = np.concatenate([np.arange(0.0, 600.0, 0.5), np.arange(600.0, 4000.0 + 1e-9, 5.0)])
-    v = np.stack([theory.eq21_solve(v0[d], LAM[d], 1 / N, LAM.sum(), 2 * t) for d in range(4)], axis=1)  # (T, H)
+    v = np.stack([theory.eq21_solve(v0[d], 2 * t, lam=LAM[d], inv_N=1 / N, trace=LAM.sum()) for d in range(4)], axis=1)  # (T, H)
     a = LAM**2 * (1 + (1 + LAM.sum() / LAM) / N)
     c = v**3
     loss = np.sum(LAM - 2 * LAM**2 * c + LAM * a * c**2, axis=1)
@@ -28,7 +28,7 @@ def _result(t, loss, v, k, q=None):
     q = k if q is None else q
     r = _attn_s.readings(t, loss[None], v[None], k[None], q[None], np.diag(LAM)[None], LAM, 1 / N)
     r.update(t=t, loss=loss[None], pop=loss[None], v=v[None], eigenvalues=LAM,
-             plateau_levels=theory.plateau_losses(LAM, 1 / N), v_star=theory.v_star(LAM, 1 / N, LAM.sum()))
+             plateau_levels=theory.plateau_losses(LAM, 1 / N), v_star=theory.v_star(LAM, inv_N=1 / N, trace=LAM.sum()))
     return r
 
 
@@ -47,27 +47,26 @@ def test_plateau_readings_of_a_staircase():
     assert _attn_s.plateau_middles(t, skip, levels)[1] == -1
 
 
-def test_cosines_learners_and_crossing():
+def test_cosines_and_learners():
     E = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]
     assert np.allclose(_attn_s.abs_cosines(-2.0 * E[:, 1], E), [0, 1, 0], atol=1e-12)
     k = np.stack([E[:, 2], E[:, 0], E[:, 1]])[:, None, :]  # head i carries e_{(i+2) mod 3}
     assert _attn_s.learner_slots(np.ones(3), k, -k, E)[:, 0].tolist() == [1, 2, 0]
-    assert _attn_s.first_crossing_interp([0, 1, 2], [0, 1, 3], 2.0) == pytest.approx(1.5)
-    assert np.isnan(_attn_s.first_crossing_interp([0, 1], [0, 1], 2.0))
 
 
 def test_eq21_overlay_start_and_half_rise():
     t = np.linspace(0, 400, 2001)
-    vs = theory.v_star(LAM[0], 1 / N, 1.0)
-    sim = theory.eq21_solve(0.03, LAM[0], 1 / N, 1.0, 2 * t)
+    vs = theory.v_star(LAM[0], inv_N=1 / N, trace=1.0)
+    ode = dict(lam=LAM[0], inv_N=1 / N, trace=1.0)
+    sim = theory.eq21_solve(0.03, 2 * t, **ode)
     # half_rise locates v*/2 by linear interpolation between records: error O(dt²)
     for align, tol in (("start", 1e-6), ("half_rise", 1e-3)):
-        ode = _attn_s.eq21_overlay(t, sim, 0.0, LAM[0], 1 / N, 1.0, align)
-        assert np.nanmax(np.abs(ode - sim)) < tol * vs
+        overlay = _attn_s.eq21_overlay(t, sim, 0.0, align=align, **ode)
+        assert np.nanmax(np.abs(overlay - sim)) < tol * vs
     # delayed by 50: the shape still matches (half_rise), the start time does not
     late = np.interp(t - 50, t, sim, left=0.03)
-    assert np.nanmax(np.abs(_attn_s.eq21_overlay(t, late, 0.0, LAM[0], 1 / N, 1.0, "half_rise") - late)) < 0.02 * vs
-    assert np.nanmax(np.abs(_attn_s.eq21_overlay(t, late, 0.0, LAM[0], 1 / N, 1.0, "start") - late)) > 0.5 * vs
+    assert np.nanmax(np.abs(_attn_s.eq21_overlay(t, late, 0.0, align="half_rise", **ode) - late)) < 0.02 * vs
+    assert np.nanmax(np.abs(_attn_s.eq21_overlay(t, late, 0.0, align="start", **ode) - late)) > 0.5 * vs
 
 
 def test_checks_pass_on_the_aligned_trajectory_and_fail_when_a_head_tilts():
@@ -95,7 +94,7 @@ def test_alignment_and_ode_errors_shapes():
 
 
 def test_group_values_and_head_escapes():
-    vs = theory.v_star(LAM, 1 / N, 1.0)
+    vs = theory.v_star(LAM, inv_N=1 / N, trace=1.0)
     assert np.allclose(_attn_s.group_values(vs, 1), vs)
     assert _attn_s.group_values(vs, 4) == pytest.approx([np.sum(vs**3) ** (1 / 3)])
     t, loss, v, _ = _aligned_trajectory()

@@ -1,17 +1,14 @@
-"""linattn Figs 4/12 helpers: plateau readings and checks on synthetic curves, the shared moments
-statistics (prompt_statistics, train(stats=...)), config validation and the benchmark's timing."""
+"""linattn Figs 4/12 (the rank sweep of _rank_sweep): plateau readings and checks on synthetic curves,
+config validation and the benchmark's timing. The engine the sweep trains through (shared statistics,
+native backend) is tested in tests/engines/test_linreg.py."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclab.engines import moments
 from iclab.experiments import all_experiments
-from iclab.experiments.linattn import fig4
-from iclab.experiments.linattn._common import prompt_statistics, train
-from iclab.models import linattn as models
-from iclab.tasks.linreg import covariance, sample_prompts, sample_query_moments, spectrum_eigenvalues
+from iclab.experiments.linattn import _rank_sweep as sweep
+from iclab.tasks.linreg import covariance, sample_prompts, spectrum_eigenvalues
 from iclab.theory import linattn as theory
 
 LAM = spectrum_eigenvalues("inverse", 8)
@@ -51,24 +48,24 @@ def rank_curve(R, long=6.0, brief=0.3, final=LEVELS[-1], offset=None, durations=
 
 def test_normalized_dwell_measures_rests_in_escape_times():
     t, loss = rank_curve(2)
-    dwell = fig4.normalized_dwell(t, loss, LEVELS, LAM, tol=0.008)
+    dwell = sweep.normalized_dwell(t, loss, LEVELS, LAM, tol=0.008)
     expected = np.array([6.0 if m % 2 == 0 else 0.3 for m in range(8)])
     np.testing.assert_allclose(dwell, expected, rtol=0.05, atol=0.05)
 
 
 def test_plateau_loss_reads_the_curve_not_the_theory():
     t, loss = staircase([(1.0, 5), (0.5123, 50), (0.2, 5)])
-    assert fig4.plateau_loss(t, loss, [1.0, 0.52, 0.2], 1) == pytest.approx(0.5123)
-    assert np.isnan(fig4.plateau_loss(t, loss, [1.0, 0.52, 0.2, 0.05], 3))
+    assert sweep.plateau_loss(t, loss, [1.0, 0.52, 0.2], 1) == pytest.approx(0.5123)
+    assert np.isnan(sweep.plateau_loss(t, loss, [1.0, 0.52, 0.2, 0.05], 3))
 
 
 def test_worst_visited_plateau_and_conspicuous_split():
     t, loss = rank_curve(1, offset=(3, 0.012))
-    dwell = fig4.normalized_dwell(t, loss, LEVELS, LAM, tol=0.008)[None]
-    value, level = fig4.worst_visited_plateau(t, loss[None], LEVELS, dwell)
+    dwell = sweep.normalized_dwell(t, loss, LEVELS, LAM, tol=0.008)[None]
+    value, level = sweep.worst_visited_plateau(t, loss[None], LEVELS, dwell)
     assert level == LEVELS[3] and value == pytest.approx(LEVELS[3] + 0.012)
-    assert fig4.conspicuous_split([9.0, 1.0, 5.0, 2.0], 2) == (5.0, 2.0)
-    low, high = fig4.conspicuous_split([9.0, 1.0], 1)
+    assert sweep.conspicuous_split([9.0, 1.0, 5.0, 2.0], 2) == (5.0, 2.0)
+    low, high = sweep.conspicuous_split([9.0, 1.0], 1)
     assert low == 1.0 and np.isnan(high)
 
 
@@ -86,36 +83,38 @@ def _passed(checks):
 
 
 def test_checks_pass_on_the_theory_s_picture():
-    config = fig4.RankSweepConfig(ranks=[2, 4], seeds=3)
-    checks = fig4.checks_rank_sweep(config, _arrays({2: rank_curve(2), 4: rank_curve(4)}))
+    config = sweep.RankSweepConfig(ranks=[2, 4], seeds=3)
+    checks = sweep.checks_rank_sweep(config, _arrays({2: rank_curve(2), 4: rank_curve(4)}))
     assert len(checks) == 8 and all(c.passed for c in checks), [(c.name, c.measured) for c in checks if not c.passed]
 
 
 def test_checks_fail_on_a_plateau_at_r_not_dividing_m_an_offset_plateau_and_no_convergence():
-    config = fig4.RankSweepConfig(ranks=[2], seeds=3)
+    config = sweep.RankSweepConfig(ranks=[2], seeds=3)
     long_m3 = rank_curve(2, durations={3: 4.0})  # a plateau at m = 3 (R ∤ m) as long as those at R | m
-    failed = [c.name for c in fig4.checks_rank_sweep(config, _arrays({2: long_m3})) if not c.passed]
+    failed = [c.name for c in sweep.checks_rank_sweep(config, _arrays({2: long_m3})) if not c.passed]
     assert len(failed) == 1 and "outlast" in failed[0]
-    failed = [c.name for c in fig4.checks_rank_sweep(config, _arrays({2: rank_curve(2, offset=(4, 0.012))}))
+    failed = [c.name for c in sweep.checks_rank_sweep(config, _arrays({2: rank_curve(2, offset=(4, 0.012))}))
               if not c.passed]
     assert len(failed) == 1 and "eq 19" in failed[0]
     # Stuck on L(M_7): the final loss misses L(M_8), and the rest at m = 7 (R ∤ m) is the longest.
-    failed = [c.name for c in fig4.checks_rank_sweep(config, _arrays({2: rank_curve(2, final=LEVELS[-2])}))
+    failed = [c.name for c in sweep.checks_rank_sweep(config, _arrays({2: rank_curve(2, final=LEVELS[-2])}))
               if not c.passed]
     assert len(failed) == 2 and "outlast" in failed[0] and "final" in failed[1]
 
 
 def test_config_validation_and_fig12_reuses_the_sweep():
     with pytest.raises(ValueError, match="≤ D"):
-        fig4.RankSweepConfig(ranks=[9])
+        sweep.RankSweepConfig(ranks=[9])
     with pytest.raises(ValueError, match="R·H"):
-        fig4.RankSweepConfig(ranks=[1], H=4)
+        sweep.RankSweepConfig(ranks=[1], H=4)
     with pytest.raises(ValueError, match="distinct"):
-        fig4.RankSweepConfig(ranks=[2, 2])
+        sweep.RankSweepConfig(ranks=[2, 2])
+    with pytest.raises(ValueError, match="finite"):
+        sweep.RankSweepConfig(eigenvalues=[float("inf")] + [0.1] * 7)
     exps = all_experiments()
     f4, f12 = exps["linattn.fig4"], exps["linattn.fig12"]
     assert f4.resolve("paper").ranks == [1, 2, 4, 8] and f12.resolve("paper").ranks == [3, 5, 6, 7]
-    assert f12.run is f4.run is fig4.run_rank_sweep and f12.checks is f4.checks and f12.plot is f4.plot
+    assert f12.run is f4.run is sweep.run_rank_sweep and f12.checks is f4.checks and f12.plot is f4.plot
     paper = f4.resolve("paper")
     assert (paper.D, paper.N, paper.H, paper.P, paper.steps, paper.seeds) == (8, 31, 9, 80_000, 20_000, 6)
     assert paper.lr == pytest.approx(0.02 * 31 ** (2 / 3)) and paper.spectrum == "inverse"
@@ -124,98 +123,7 @@ def test_config_validation_and_fig12_reuses_the_sweep():
 def test_standard_error_of_the_training_loss_at_m0():
     Lam = covariance(LAM)
     y = np.asarray(sample_prompts(jax.random.PRNGKey(0), Lam, N=1, P=200_000).y_q)
-    assert fig4._se_mean_y2(LAM, 1) == pytest.approx((y**2).std(), rel=0.05)
-
-
-# ---------------------------------------------------------------------------------------------
-# The shared moments statistics.
-
-
-def _keys(S):
-    return jnp.stack([jax.random.fold_in(jax.random.PRNGKey(4), s) for s in range(S)])
-
-
-@pytest.mark.parametrize("form", ["reduced", "full"])
-def test_prompt_statistics_are_those_of_train_s_prompts(form):
-    keys, D, N, P = _keys(2), 3, 5, 1000
-    Lams = jnp.stack([covariance([0.5, 0.3, 0.2], jax.random.fold_in(k, 7)) for k in keys])
-    st = prompt_statistics(keys, Lams, N, P, form=form, chunk=300)  # 1000 = 3·300 + 100: a padded chunk
-    feature = models.full_feature if form == "full" else models.cubic_feature
-    for s in range(2):
-        data = sample_prompts(jax.random.fold_in(keys[s], 2), Lams[s], N, P)
-        ref = moments.sufficient_statistics(feature(data), data.y_q)
-        for name in ("c", "m", "G"):
-            np.testing.assert_allclose(getattr(st, name)[s], getattr(ref, name), rtol=1e-12, atol=1e-14)
-    assert st.P == P and st.G.shape == (2,) + ref.G.shape
-
-
-def test_direct_statistics_are_those_of_sample_query_moments():
-    keys, N, P = _keys(2), 5, 1000
-    Lams = jnp.broadcast_to(covariance([0.5, 0.3, 0.2]), (2, 3, 3))
-    st = prompt_statistics(keys, Lams, N, P, method="direct", chunk=300)
-    q = sample_query_moments(jax.random.fold_in(keys[1], 2), Lams[1], N, P)
-    z = models.cubic_feature_from_moments(q.beta, q.x_q)
-    np.testing.assert_allclose(st.G[1], z.T @ z / P, rtol=1e-12)
-    np.testing.assert_allclose(st.m[1], z.T @ q.y_q / P, rtol=1e-12)
-    with pytest.raises(ValueError, match="full-matrix"):
-        prompt_statistics(keys, Lams, N, P, form="full", method="direct")
-    with pytest.raises(ValueError, match="method"):
-        prompt_statistics(keys, Lams, N, P, method="exact")
-
-
-def test_cubic_feature_from_moments_is_the_cubic_feature():
-    pr = sample_prompts(jax.random.PRNGKey(1), covariance([0.5, 0.3, 0.2]), N=4, P=6)
-    from iclab.tasks.linreg import context_moment
-
-    np.testing.assert_array_equal(models.cubic_feature_from_moments(context_moment(pr), pr.x_q),
-                                  models.cubic_feature(pr))
-
-
-def test_train_with_shared_statistics_follows_the_sampled_engine():
-    keys, N, P = _keys(2), 5, 400
-    Lams = jnp.broadcast_to(covariance([0.5, 0.3, 0.2]), (2, 3, 3))
-    stats = prompt_statistics(keys, Lams, N, P)
-    common = dict(keys=keys, Lams=Lams, N=N, H=3, R=2, w_init=0.3, lr=0.2, steps=20, record_every=20)
-    shared = train("attn_s", engine="moments", stats=stats, **common)
-    ref = train("attn_s", engine="sampled", P=P, **common)
-    np.testing.assert_allclose(shared.loss, ref.loss, rtol=1e-12)
-    with pytest.raises(ValueError, match="differs"):
-        train("attn_s", engine="moments", P=P + 1, stats=stats, **common)
-    with pytest.raises(ValueError, match="moments"):
-        train("attn_s", engine="sampled", P=P, stats=stats, **common)
-
-
-@pytest.mark.parametrize("model", ["attn_s", "attn_m", "mlp"])
-def test_train_native_backend_follows_the_xla_backend(model):
-    keys, N, P = _keys(2), 5, 300
-    Lams = jnp.broadcast_to(covariance([0.5, 0.3, 0.2]), (2, 3, 3))
-    stats = prompt_statistics(keys, Lams, N, P)
-    common = dict(keys=keys, Lams=Lams, N=N, H=3, R=2 if model == "attn_s" else 1, w_init=0.5, lr=0.3,
-                  steps=150, record_every=10, engine="moments", stats=stats)
-    ref = train(model, backend="xla", record_params=True, **common)
-    fast = train(model, backend="native", record_params=True, **common)
-    bare = train(model, backend="native", **common)
-    np.testing.assert_allclose(fast.loss, ref.loss, rtol=1e-12)
-    # the population metric: recorded in the XLA loop, read off the recorded weights here
-    np.testing.assert_allclose(fast.metrics["population"], ref.metrics["population"], rtol=1e-11)
-    assert np.asarray(ref.metrics["population"])[:, -1].max() < np.asarray(ref.metrics["population"])[:, 0].min()
-    for name in ref.params:
-        np.testing.assert_allclose(fast.params[name], ref.params[name], rtol=1e-10, atol=1e-13)
-    assert bare.params is None
-    np.testing.assert_array_equal(bare.loss, fast.loss)
-
-
-def test_native_backend_refuses_what_it_cannot_run():
-    keys = _keys(1)
-    Lams = jnp.broadcast_to(covariance([0.6, 0.4]), (1, 2, 2))
-    common = dict(keys=keys, Lams=Lams, N=4, H=2, R=1, w_init=0.5, lr=0.1, steps=5, record_every=5, P=50)
-    for kw in (dict(engine="sampled"), dict(engine="population"), dict(engine="moments", form="full")):
-        with pytest.raises(ValueError, match="native"):
-            train("attn_s", backend="native", **common, **kw)
-    with pytest.raises(ValueError, match="native"):
-        train("softmax_attn_s", engine="sampled", backend="native", **common)
-    with pytest.raises(ValueError, match="backend must be"):
-        train("attn_s", engine="moments", backend="gpu", **common)
+    assert sweep._se_mean_y2(LAM, 1) == pytest.approx((y**2).std(), rel=0.05)
 
 
 def test_benchmark_timing_is_the_slope_between_two_runs():

@@ -3,8 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from iclab.engines import linreg
 from iclab.experiments.linattn import fig5
-from iclab.experiments.linattn._common import train
 from iclab.models import linattn as models
 from iclab.tasks.linreg import covariance, sample_prompts
 
@@ -61,10 +61,18 @@ def test_softmax_at_small_weights_is_the_linear_model_with_one_over_n_plus_one()
 def test_train_runs_softmax_models_with_the_sampled_engine_only():
     keys = jnp.stack([jax.random.PRNGKey(0)])
     Lams = covariance(np.array([.4, .3, .2, .1]))[None]
-    kw = dict(keys=keys, Lams=Lams, N=7, H=2, w_init=0.1, lr=0.1, steps=4, record_every=2)
+    kw = dict(H=2, w_init=0.1, lr=0.1, steps=4, record_every=2)
     for model in ("softmax_attn_m", "softmax_attn_s"):
-        tr = train(model, engine="sampled", P=16, rho=2.0, **kw)
+        spec = linreg.LinregTraining(model=model, engine="sampled", P=16, rho=2.0, **kw)
+        tr = linreg.train(spec, keys=keys, Lams=Lams, N=7)
         assert tr.loss.shape == (1, 3) and "population" not in tr.metrics
         assert np.all(np.isfinite(tr.loss)) and tr.loss[0, -1] < tr.loss[0, 0]
     with pytest.raises(ValueError, match="sampled"):
-        train("softmax_attn_m", engine="population", **kw)
+        linreg.LinregTraining(model="softmax_attn_m", engine="population", **kw)
+
+
+def test_config_builds_the_two_softmax_trainings():
+    config = fig5.Fig5Config(rho=3.0)
+    m, s = config.training("m"), config.training("s")
+    assert (m.model, m.H, m.w_init, m.steps, m.rho) == ("softmax_attn_m", 8, 1e-6, 6000, 3.0)
+    assert (s.model, s.H, s.R, s.engine, s.P) == ("softmax_attn_s", 4, 1, "sampled", 5000)

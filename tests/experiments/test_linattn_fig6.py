@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from iclab.experiments.linattn import fig6
-from iclab.experiments.linattn._common import covariances, seed_keys
+from iclab.experiments.linattn._common import keys_and_covariances
 from iclab.progress import Reporter
 from iclab.theory import linattn as theory
 
@@ -30,7 +30,16 @@ def test_config_requires_small_and_large_increasing_inits():
         fig6.Fig6Config(w_inits_s=[1e-2, 1e-1, 1.0])
     with pytest.raises(ValueError, match="largest"):
         fig6.Fig6Config(w_inits_m=[1e-6, 1e-4, 1e-3], fit_max_init=1e-2)
+    # an init scale the training specification refuses is a config error before anything runs
+    with pytest.raises(ValueError, match="training specification: w_init"):
+        fig6.Fig6Config(w_inits_m=[1e-6, 1e-4, 1e-2, 1e4])
 
+
+def test_training_is_population_gradient_flow_from_each_init():
+    config = fig6.Fig6Config(rtol=1e-9)
+    spec = config.training("attn_s", 0.3)
+    assert (spec.engine, spec.integrator, spec.H, spec.w_init, spec.rtol) == ("population", "gf", 4, 0.3, 1e-9)
+    assert config.training("attn_m", 1e-6).H == 8
 
 def test_refined_crossing_matches_the_exact_eq21_solution():
     # Aligned init: v₁ follows eq 21 exactly; the half-way loss is reached at v_half with
@@ -38,18 +47,20 @@ def test_refined_crossing_matches_the_exact_eq21_solution():
     config = fig6.Fig6Config(seeds=1, n_records=30)
     lam = config.lambdas()
     inv_N = 1.0 / config.N
-    Lams = covariances(config, seed_keys(config))
+    _, Lams = keys_and_covariances(config)
     w = 0.05
-    v, k, q = theory.plateau_ansatz_weights(lam, 0, w, inv_N, H=config.H_s)
+    v, k, q = theory.plateau_ansatz_weights(lam, 0, v_next=w, inv_N=inv_N, H=config.H_s)
     params0 = {"v": jnp.asarray(v[None]), "k": jnp.asarray(k[None]), "q": jnp.asarray(q[None])}
-    tr = fig6._flow("attn_s", config, params0, Lams, 2000.0, Reporter(), "aligned")
+    spec = config.training("attn_s", w)
+    tr = fig6._flow(spec, config, params0, Lams, 2000.0, Reporter(), "aligned")
     levels = theory.plateau_losses(lam, inv_N)
     half = 0.5 * (levels[0] + levels[1])
-    t1 = fig6._crossings("attn_s", config, tr, Lams, half, Reporter(), "refine")[0]
+    t1 = fig6._crossings(spec, config, tr, Lams, half, Reporter(), "refine")[0]
     a = lam[0] ** 2 * (1 + inv_N * (1 + lam.sum() / lam[0]))
     u = np.roots([lam[0] * a, -2 * lam[0] ** 2, lam.sum() - half])  # u = v³
     v_half = np.min(u[u > 0]) ** (1 / 3)
-    exact = 0.5 * (theory.eq70_time(v_half, lam[0], inv_N, lam.sum()) - theory.eq70_time(w, lam[0], inv_N, lam.sum()))
+    ode = dict(lam=lam[0], inv_N=inv_N, trace=lam.sum())
+    exact = 0.5 * (theory.eq70_time(v_half, **ode) - theory.eq70_time(w, **ode))
     coarse = fig6.crossing_time(tr.t, tr.loss[0], half)
     assert abs(t1 - exact) < 1e-3 * exact
     assert abs(coarse - exact) > abs(t1 - exact)  # the log grid alone is coarser

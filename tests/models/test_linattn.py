@@ -71,3 +71,19 @@ def test_init_scale_of_eq_34():
     params = m.init_attn_m(jax.random.PRNGKey(0), D=4, H=4000, w_init=0.3)
     assert float(np.sum(params["v"] ** 2)) == pytest.approx(0.09, rel=0.1)
     assert float(np.sum(params["U"] ** 2)) == pytest.approx(0.09, rel=0.1)
+
+
+def test_registered_families_are_this_module_s_functions():
+    """The families of task linreg read this module's functions; full forms point at their full family."""
+    from iclab.models import get_model, model_families
+
+    linreg = model_families("linreg")
+    assert {"attn_m", "attn_s", "mlp", "attn_m_full", "attn_s_full", "softmax_attn_m", "softmax_attn_s"} <= set(linreg)
+    assert get_model("attn_m").predict is m.predict_attn_m and get_model("attn_m").tensor is m.tensor_attn_m
+    assert get_model("attn_s").effective_matrix is m.effective_matrix_attn_s
+    assert get_model(get_model("attn_s").full_form).predict is m.predict_attn_s_full
+    assert get_model("mlp").full_form is None and get_model("softmax_attn_s").options == ("rho",)
+    assert get_model("softmax_attn_m").engines == ("sampled",)
+    assert get_model("attn_m_full").engines == ("sampled", "moments")
+    for name in m.__all__:
+        assert getattr(m, name).__doc__, name

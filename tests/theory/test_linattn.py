@@ -113,3 +113,24 @@ def test_global_minimum_of_population_loss_is_L_MD():
     grad = jax.grad(th.population_loss)(A_star, Lam, inv_N)
     assert np.abs(grad).max() < 1e-12
     assert float(th.population_loss(A_star, Lam, inv_N)) == pytest.approx(th.plateau_losses(LAM4, inv_N)[-1], abs=1e-12)
+
+
+def test_public_surface_documented_and_keyword_only():
+    """Every name in __all__ exists and has its maths documented with Args and Returns; scalars that follow
+    each other are keyword-only, and the context length enters as inv_N = E(1/N) everywhere."""
+    import inspect
+
+    for name in th.__all__:
+        fn = getattr(th, name)
+        doc = fn.__doc__ or ""
+        assert "Args:" in doc and "Returns:" in doc, name
+        assert "N" not in inspect.signature(fn).parameters, name  # inv_N, never N
+    with pytest.raises(TypeError):
+        th.v_star(0.4, 1 / 31, 1.0)
+    with pytest.raises(TypeError):
+        th.white_loss(1.0, 4, 1 / 31, 0.1)
+    # random lengths: eq 51 at E(1/N) (the loss is linear in E(1/N) through α)
+    kappa = th.harmonic_inv_length(31)
+    assert th.white_loss(np.inf, 4, inv_N=kappa, w_init=0.1) == pytest.approx(4 * (1 - 1 / (1 + 5 * kappa)), rel=1e-12)
+    with pytest.raises(TypeError):
+        th.eq21_solve(0.1, 0.4, 1 / 31, 1.0, np.array([0.0, 1.0]))

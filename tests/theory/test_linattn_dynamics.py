@@ -303,15 +303,15 @@ def test_reference_numbers():
     """Spec §5: v* = 1.3097, 1.4300, 1.6120, 1.9470 and ‖Λ²‖_F = .18815 for λ = (.4,.3,.2,.1), N = 31."""
     # 4-decimal spec values; the exact v*_2 = (λ/a)^{1/3} = 1.43005.. is printed truncated (1.4300), so the
     # tolerance is a little over half a unit in the last place.
-    np.testing.assert_allclose(th.v_star(LAM4, 1 / N31, 1.0), [1.3097, 1.4300, 1.6120, 1.9470], atol=6e-5)
+    np.testing.assert_allclose(th.v_star(LAM4, inv_N=1 / N31, trace=1.0), [1.3097, 1.4300, 1.6120, 1.9470], atol=6e-5)
     Lam, _ = _cov(LAM4, seed=7)
     assert 1.0 / th.attn_m_plateau_time(Lam, np.exp(-1.0)) == pytest.approx(0.18815, abs=5e-6)
     # v* is the positive root of eq 21's right-hand side.
     a = LAM4**2 * (1 + (1 + 1 / LAM4) / N31)
-    assert np.abs(th.eq21_rhs(th.v_star(LAM4, 1 / N31, 1.0), LAM4, a)).max() < 1e-15
+    assert np.abs(th.eq21_rhs(th.v_star(LAM4, inv_N=1 / N31, trace=1.0), lam=LAM4, a=a)).max() < 1e-15
     # Λ = I/4 global minimum .13889 and Λ = I, D = 4: D(1+D)/(N+1+D) = .55556 (via eq 51 at t = ∞).
-    assert th.white_loss(1e4, 4, N31, 0.1, c=0.25) == pytest.approx(0.13889, abs=5e-6)
-    assert th.white_loss(1e4, 4, N31, 0.1) == pytest.approx(0.55556, abs=5e-6)
+    assert th.white_loss(1e4, 4, inv_N=1 / N31, w_init=0.1, c=0.25) == pytest.approx(0.13889, abs=5e-6)
+    assert th.white_loss(1e4, 4, inv_N=1 / N31, w_init=0.1) == pytest.approx(0.55556, abs=5e-6)
 
 
 # --- check 6: eq 21 against the full gradient flow ------------------------------------------------
@@ -323,17 +323,17 @@ def test_eq21_matches_population_gradient_flow(m):
     D, H, N = 4, 4, N31
     Lam, E = _cov(LAM4, seed=8)
     v0 = 0.05
-    v, k, q = th.plateau_ansatz_weights(LAM4, m, v0, 1 / N, H=H, eigvecs=E)
+    v, k, q = th.plateau_ansatz_weights(LAM4, m, v_next=v0, inv_N=1 / N, H=H, eigvecs=E)
     shapes = [(H,), (H, 1, D), (H, 1, D)]
     f = _autodiff_flow(lambda v, k, q: th.attn_s_population_loss(v, k, q, Lam, 1 / N), shapes)
     lam = LAM4[m]
-    T = 1.0 / (lam**2 * v0) + 40.0 / (3 * lam**2 * th.v_star(lam, 1 / N, 1.0))  # escape + ~40 e-folds
+    T = 1.0 / (lam**2 * v0) + 40.0 / (3 * lam**2 * th.v_star(lam, inv_N=1 / N, trace=1.0))  # escape + ~40 e-folds
     t = np.linspace(0.0, T, 200)
     Y = _integrate(f, _flat(v, k, q), t)
     v_gf = Y[:, m]
-    v_ode = th.eq21_solve(v0, lam, 1 / N, 1.0, t)
+    v_ode = th.eq21_solve(v0, t, lam=lam, inv_N=1 / N, trace=1.0)
     assert np.abs(v_gf - v_ode).max() <= 1e-8
-    assert v_ode[-1] == pytest.approx(th.v_star(lam, 1 / N, 1.0), abs=1e-8)
+    assert v_ode[-1] == pytest.approx(th.v_star(lam, inv_N=1 / N, trace=1.0), abs=1e-8)
     assert v_ode[len(t) // 4] < 0.2  # the run does include the plateau and the rise
     # The manifold is invariant: k_{m+1} = q_{m+1} = v_{m+1} e_{m+1}, the other heads unchanged.
     for y, vt in zip(Y[::20], v_gf[::20]):
@@ -346,19 +346,19 @@ def test_eq21_matches_population_gradient_flow(m):
 def test_eq70_implicit_solution():
     """Eq 70 (integrand v⁵): eq70_time(v(t)) − eq70_time(v0) = t below and above v*; dF/dv = 1/v̇."""
     lam, N, tr = 0.3, N31, 1.0
-    vs = th.v_star(lam, 1 / N, tr)
+    vs = th.v_star(lam, inv_N=1 / N, trace=tr)
     a = lam**2 * (1 + (1 + tr / lam) / N)
     for v0, T in [(0.05, 240.0), (2.5 * vs, 20.0)]:  # both end within ~1e-4 of v*
         t = np.linspace(0.0, T, 101)
-        vt = th.eq21_solve(v0, lam, 1 / N, tr, t)
+        vt = th.eq21_solve(v0, t, lam=lam, inv_N=1 / N, trace=tr)
         assert np.abs(vt - vs).min() > 1e-5  # keep away from the logarithmic singularity at v*
-        np.testing.assert_allclose(th.eq70_time(vt, lam, 1 / N, tr) - th.eq70_time(v0, lam, 1 / N, tr), t,
+        np.testing.assert_allclose(th.eq70_time(vt, lam=lam, inv_N=1 / N, trace=tr) - th.eq70_time(v0, lam=lam, inv_N=1 / N, trace=tr), t,
                                    rtol=1e-8, atol=1e-7)
     # Derivative by central differences against 1/eq-21 rhs, at points on both sides of v*.
     for v in [0.02, 0.5, 0.9 * vs, 1.2 * vs, 3.0]:
         h = 1e-6 * v
-        dF = (th.eq70_time(v + h, lam, 1 / N, tr) - th.eq70_time(v - h, lam, 1 / N, tr)) / (2 * h)
-        assert dF == pytest.approx(1.0 / th.eq21_rhs(v, lam, a), rel=1e-6)
+        dF = (th.eq70_time(v + h, lam=lam, inv_N=1 / N, trace=tr) - th.eq70_time(v - h, lam=lam, inv_N=1 / N, trace=tr)) / (2 * h)
+        assert dF == pytest.approx(1.0 / th.eq21_rhs(v, lam=lam, a=a), rel=1e-6)
 
 
 # --- plateau durations (eqs 54, 71, 76) ----------------------------------------------------------
@@ -367,25 +367,25 @@ def test_eq70_implicit_solution():
 def test_attn_s_plateau_time_leading_order():
     """Eq 71: time for v₁ to reach v*/2 is 1/(λ₁²v₁(0)) + O(1) as v₁(0) → 0 (eq 76: same law)."""
     lam, N = 0.4, N31
-    vs = th.v_star(lam, 1 / N, 1.0)
+    vs = th.v_star(lam, inv_N=1 / N, trace=1.0)
     a = lam**2 * (1 + (1 + 1 / lam) / N)
 
     def t_half(v0):
         ev = lambda t, y: y[0] - vs / 2  # noqa: E731
         ev.terminal = True
-        sol = solve_ivp(lambda t, y: th.eq21_rhs(y, lam, a), (0, 10 / (lam**2 * v0)), [v0], method="DOP853",
+        sol = solve_ivp(lambda t, y: th.eq21_rhs(y, lam=lam, a=a), (0, 10 / (lam**2 * v0)), [v0], method="DOP853",
                         events=ev, rtol=1e-12, atol=1e-15)
         return sol.t_events[0][0]
 
     v0s = [1e-2, 1e-3, 1e-4]
-    excess = [t_half(v0) - th.attn_s_first_plateau_time(lam, v0) for v0 in v0s]
+    excess = [t_half(v0) - th.attn_s_first_plateau_time(lam1=lam, v1_0=v0) for v0 in v0s]
     # O(1) remainder: converges (differences shrink ∝ v0) and is small next to the plateau.
     assert abs(excess[2] - excess[1]) < 0.2 * abs(excess[1] - excess[0]) + 1e-6
-    assert abs(excess[2]) < 1e-3 * th.attn_s_first_plateau_time(lam, 1e-4)
+    assert abs(excess[2]) < 1e-3 * th.attn_s_first_plateau_time(lam1=lam, v1_0=1e-4)
     # The same remainder from eq 70 directly.
-    ex70 = th.eq70_time(vs / 2, lam, 1 / N, 1.0) - th.eq70_time(1e-4, lam, 1 / N, 1.0) - 1 / (lam**2 * 1e-4)
+    ex70 = th.eq70_time(vs / 2, lam=lam, inv_N=1 / N, trace=1.0) - th.eq70_time(1e-4, lam=lam, inv_N=1 / N, trace=1.0) - 1 / (lam**2 * 1e-4)
     assert ex70 == pytest.approx(excess[2], abs=1e-6)
-    assert th.attn_s_next_plateau_time(0.2, 0.03) == pytest.approx(1 / (0.04 * 0.03), rel=1e-15)
+    assert th.attn_s_next_plateau_time(lam=0.2, v_at_tm=0.03) == pytest.approx(1 / (0.04 * 0.03), rel=1e-15)
 
 
 def test_attn_m_plateau_time_leading_order():
@@ -394,7 +394,7 @@ def test_attn_m_plateau_time_leading_order():
     alpha = 1 + (1 + D) / N
 
     def t_half(w):
-        return brentq(lambda t: th.white_time_course(t, D, N, w) - 0.5 / alpha, 0.0, 100.0, xtol=1e-14)
+        return brentq(lambda t: th.white_time_course(t, D, inv_N=1 / N, w_init=w) - 0.5 / alpha, 0.0, 100.0, xtol=1e-14)
 
     ws = [1e-4, 1e-8, 1e-16]
     excess = [t_half(w) - th.attn_m_plateau_time(np.eye(D), w) for w in ws]
@@ -421,18 +421,18 @@ def test_white_time_course_matches_gradient_flow(c):
     gamma = c**2 * np.sqrt(D)
     t = np.linspace(0.0, (np.log(1 / w_init**2) + 30) / (2 * gamma), 150)
     Y = _integrate(f, _flat(v, U), t)
-    sig = th.white_time_course(t, D, N, w_init, c)
+    sig = th.white_time_course(t, D, inv_N=1 / N, w_init=w_init, c=c)
     alpha = c**3 * (1 + (1 + D) / N)
     for y, s, tt in zip(Y, sig, t):
         A = np.asarray(th.attn_m_effective_matrix(*_unflatten(y, shapes)))
         np.testing.assert_allclose(A, s * np.eye(D), rtol=0, atol=1e-8)
-        assert th.white_loss(tt, D, N, w_init, c) == pytest.approx(float(th.population_loss(A, Lam, 1 / N)),
+        assert th.white_loss(tt, D, inv_N=1 / N, w_init=w_init, c=c) == pytest.approx(float(th.population_loss(A, Lam, 1 / N)),
                                                                    abs=1e-8)
     assert sig[0] == pytest.approx(w_init**2 / np.sqrt(D), rel=1e-14)
     assert sig[-1] == pytest.approx(c**2 / alpha, rel=1e-10)  # = 1/α for c = 1 (spec)
     np.testing.assert_allclose(sig[-1] * np.eye(D), th.attn_m_fixed_point(Lam, 1 / N), rtol=1e-10)
     L_inf = c * D * (1 + D) / (N + 1 + D)  # D(1+D)/(N+1+D) for c = 1
-    assert th.white_loss(np.inf, D, N, w_init, c) == pytest.approx(L_inf, rel=1e-12)
+    assert th.white_loss(np.inf, D, inv_N=1 / N, w_init=w_init, c=c) == pytest.approx(L_inf, rel=1e-12)
     # Not vacuous: an unaligned init of the same norms does not follow eq 10.
     U_bad = rng.standard_normal((H, D, D))
     U_bad *= np.linalg.norm(v) / np.linalg.norm(U_bad)

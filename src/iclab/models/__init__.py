@@ -11,6 +11,6 @@ A model family (:class:`ModelFamily`) bundles a module's init, prediction and re
 protocol; :func:`register_model` makes it usable by every engine that accepts its task.
 """
 
-from iclab.models._family import ModelFamily, get_model, model_families, register_model
+from iclab.models._family import ModelFamily, get_model, model_families, register_model, unregister_model
 
-__all__ = ["ModelFamily", "get_model", "model_families", "register_model"]
+__all__ = ["ModelFamily", "get_model", "model_families", "register_model", "unregister_model"]

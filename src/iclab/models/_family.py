@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ModelFamily", "get_model", "model_families", "register_model"]
+__all__ = ["ModelFamily", "get_model", "model_families", "register_model", "unregister_model"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,18 @@ def register_model(family: ModelFamily, *, replace: bool = False) -> ModelFamily
     return family
 
 
+def unregister_model(name: str) -> None:
+    """Removes a family from the registry (nothing if none has this name).
+
+    Args:
+        name: the family's registry key.
+    """
+    _MODELS.pop(name, None)
+
+
 def _builtin() -> None:
     # The built-in families register on import of their modules.
+    import iclab.models.gla  # noqa: F401
     import iclab.models.linattn  # noqa: F401
 
 

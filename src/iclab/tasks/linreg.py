@@ -12,6 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["Prompts", "QueryMoments", "Spectrum", "context_moment", "covariance", "fixed_task_vector", "prompt_matrix",
+           "sample_mixture_prompts", "sample_prompts", "sample_query_moments", "spectrum_eigenvalues", "whiten_tasks"]
+
 Spectrum = Literal["linear", "inverse", "white"]
 
 
@@ -38,6 +41,12 @@ def spectrum_eigenvalues(spectrum: Spectrum, D: int) -> np.ndarray:
 
     ``linear``: λ_d ∝ D+1−d (the reference code's spectrum; (.4, .3, .2, .1) for D = 4).
     ``inverse``: λ_d ∝ 1/d (the captions of Figs 4, 8, 12). ``white``: Λ = I/D.
+
+    Args:
+        spectrum: "linear", "inverse" or "white".
+        D: dimension, ≥ 1.
+    Returns:
+        (D,) numpy eigenvalues, decreasing, summing to 1.
     """
     if D < 1:
         raise ValueError(f"D must be >= 1 (got {D})")
@@ -73,6 +82,8 @@ def sample_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int) -> Prompts:
         Lam: (D, D) covariance.
         N: context pairs per prompt.
         P: number of prompts.
+    Returns:
+        Prompts with x (P, N, D), y (P, N), x_q (P, D), y_q (P,), w (P, D), in Λ's dtype.
     """
     D = Lam.shape[0]
     kx, kw = jax.random.split(key)
@@ -84,13 +95,21 @@ def sample_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int) -> Prompts:
 
 
 def context_moment(prompts: Prompts) -> jax.Array:
-    """β = (1/N) Σ_n y_n x_n (eq 4), shape (P, D)."""
+    """β = (1/N) Σ_n y_n x_n (eq 4).
+
+    Args:
+        prompts: P prompts of N context pairs.
+    Returns:
+        (P, D) β of each prompt.
+    """
     return jnp.einsum("pn,pnd->pd", prompts.y, prompts.x) / prompts.x.shape[1]
 
 
 def prompt_matrix(prompts: Prompts) -> jax.Array:
     """The token matrix X of eq 1, tokens as columns: [[x_1..x_N x_q], [y_1..y_N 0]].
 
+    Args:
+        prompts: P prompts of N context pairs.
     Returns:
         (P, D+1, N+1) array.
     """
@@ -104,8 +123,14 @@ def prompt_matrix(prompts: Prompts) -> jax.Array:
 
 
 def fixed_task_vector(key: jax.Array, D: int) -> jax.Array:
-    """A N(0, I_D) draw rescaled to ‖w‖ = √D (= E‖w‖² of the random tasks): the reference code's
-    fixed task vector of Fig 14 (the paper leaves it unspecified). Returns (D,) float64."""
+    """A N(0, I_D) draw rescaled to ‖w‖ = √D (‖w‖² = E‖w‖² = D of the random tasks): the reference
+    code's fixed task vector of Fig 14 (the paper leaves it unspecified).
+
+    Args:
+        key: PRNG key; D: dimension.
+    Returns:
+        (D,) float64 task vector.
+    """
     w = jax.random.normal(key, (D,), dtype=jnp.float64)
     return w * jnp.sqrt(D) / jnp.linalg.norm(w)
 
@@ -133,6 +158,8 @@ def sample_mixture_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int, fixed
         whiten: give the random task vectors exact zero mean and identity empirical covariance
             (:func:`whiten_tasks`; the reference code does so when every task is random), which
             removes the training set's mean task, a spurious in-weight target of the full model.
+    Returns:
+        Prompts (P of them) in Λ's dtype; ``w`` holds each prompt's task vector.
     """
     if not 0.0 <= fixed_fraction <= 1.0:
         raise ValueError(f"fixed_fraction must be in [0, 1] (got {fixed_fraction})")
@@ -155,7 +182,13 @@ def sample_mixture_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int, fixed
 
 def whiten_tasks(w: jax.Array) -> jax.Array:
     """Task vectors with exact zero mean and identity empirical covariance (ddof = 1), as the
-    reference code's ``whiten``: (w − w̄) C^{-1/2}, C the sample covariance. w: (P, D), P > D."""
+    reference code's ``whiten``: (w − w̄) C^{-1/2}, C the sample covariance.
+
+    Args:
+        w: (P, D) task vectors, P > D.
+    Returns:
+        (P, D) whitened task vectors.
+    """
     P, D = w.shape
     if P <= D:
         raise ValueError(f"whitening needs more task vectors than dimensions (got P = {P}, D = {D})")
@@ -203,6 +236,8 @@ def sample_query_moments(key: jax.Array, Lam: jax.Array, N: int, P: int) -> Quer
         Lam: (D, D) covariance.
         N: context pairs per prompt.
         P: number of prompts.
+    Returns:
+        QueryMoments with beta, x_q (P, D), y_q (P,), w (P, D).
     """
     D = Lam.shape[0]
     kw, kq, kg, kc = jax.random.split(key, 4)

@@ -1,8 +1,17 @@
 """Closed-form theory of "Training Dynamics of In-Context Learning in Linear Attention".
 
 Zhang, Singh, Latham, Saxe (ICML 2025). Equation numbers are the paper's; the digest is
-``shared/spec/linattn.md``. Conventions: ``Lam`` is the input covariance Λ (D, D), ``N`` the
-number of context pairs, time in the paper's units (τ = 1) unless a docstring says otherwise.
+``shared/spec/linattn.md``. Conventions, the same in every function:
+
+- ``Lam`` is the input covariance Λ (D, D); ``eigenvalues`` (D,) its eigenvalues λ_d and ``eigvecs``
+  (D, D) the matching eigenvectors e_d as columns; ``lam`` one eigenvalue (λ_{m+1} of the learning
+  direction), ``trace`` trΛ.
+- The context length enters only through ``inv_N`` = E(1/N), everywhere: 1/N for a fixed number N of
+  context pairs (eq 31), H_{N_max}/N_max for lengths uniform on 1..N_max (eq 30, :func:`harmonic_inv_length`).
+- Losses are E(y_q − ŷ_q)², without a ½.
+- Time is the paper's t/τ with τ = 1 (gradient flow τ dW/dt = −½ ∂L/∂W). The engines' time t = Σ lr
+  of GD on L is half of it: paper time = 2t.
+- Scalars that follow each other in a signature are keyword-only.
 
 This module imports nothing from iclab's engines: every function here can be checked without
 training anything.
@@ -13,9 +22,27 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = [
+    "all_fixed_points", "attn_m_conserved", "attn_m_effective_matrix", "attn_m_fixed_point",
+    "attn_m_gradient_flow_rhs", "attn_m_plateau_time", "attn_m_population_loss", "attn_s_conserved",
+    "attn_s_effective_matrix", "attn_s_first_plateau_time", "attn_s_gradient_flow_rhs", "attn_s_next_plateau_time",
+    "attn_s_population_loss", "converged_direction", "converged_predictor", "cubic_feature_moments", "eq21_rhs",
+    "eq21_solve", "eq70_time", "expected_lambda_hat_sq", "fixed_point_loss", "fixed_point_weights",
+    "harmonic_inv_length", "large_N_direction", "mlp_population_loss", "pcr_predictor_matrix", "plateau_ansatz_weights",
+    "plateau_direction", "plateau_losses", "population_loss", "v_star", "white_loss", "white_time_course",
+]
+
 
 def harmonic_inv_length(N_max: int) -> float:
-    """E(1/N) for a context length N uniform on {1, ..., N_max}: H_{N_max} / N_max (Sec A.1)."""
+    """E(1/N) for a context length N uniform on {1, ..., N_max} (Sec A.1, eq 26):
+
+    E(1/N) = (1/N_max) Σ_{n=1}^{N_max} 1/n = H_{N_max}/N_max (0.129911 for N_max = 31).
+
+    Args:
+        N_max: the longest context, ≥ 1.
+    Returns:
+        float E(1/N), the ``inv_N`` of the other functions.
+    """
     if N_max < 1:
         raise ValueError(f"N_max must be >= 1 (got {N_max})")
     return float(sum(1.0 / n for n in range(1, N_max + 1)) / N_max)
@@ -66,6 +93,8 @@ def fixed_point_loss(eigenvalues, subset, inv_N):
         eigenvalues: (D,) eigenvalues λ_d of Λ.
         subset: indices d (0-based) in S_m.
         inv_N: E(1/N).
+    Returns:
+        float loss L(M(S_m)).
     """
     lam = np.asarray(eigenvalues, dtype=float)
     tr = lam.sum()
@@ -98,6 +127,8 @@ def cubic_feature_moments(Lam, inv_N):
 
     E(y_q z) = vec(Λ²) and E(z zᵀ) = Λ ⊗ E[Λ̂²] (column-stacking vec; x_q independent of β).
 
+    Args:
+        Lam: (D, D) covariance Λ; inv_N: E(1/N).
     Returns:
         (E_yz (D²,), E_zz (D², D²)).
     """
@@ -113,6 +144,12 @@ def mlp_population_loss(W, Lam, inv_N):
     L = trΛ − 2 Wᵀ E(y_q z) + Wᵀ E(z zᵀ) W, with W = W₁ᵀ w₂ for the 2-layer MLP.
 
     Computed from the moments of z, independently of the eq-M route through E[Λ̂²] and A.
+
+    Args:
+        W: (D²,) weights on z (W = W₁ᵀw₂ for the MLP; vec(A) column-stacked for eq M).
+        Lam: (D, D) covariance Λ; inv_N: E(1/N).
+    Returns:
+        scalar loss E(y_q − Wᵀz)².
     """
     E_yz, E_zz = cubic_feature_moments(Lam, inv_N)
     return jnp.trace(jnp.asarray(Lam)) - 2.0 * W @ E_yz + W @ E_zz @ W
@@ -224,11 +261,11 @@ def attn_s_gradient_flow_rhs(v, k, q, Lam, inv_N):
     return dv, dk, dq
 
 
-def fixed_point_weights(eigenvalues, subset, inv_N, H=None, eigvecs=None):
+def fixed_point_weights(eigenvalues, subset, inv_N, *, H=None, eigvecs=None):
     """Min-norm rank-one ATTN_S weights on the fixed-point manifold M(S_m) (eqs 20, 81).
 
     Head d ↔ eigenvector e_d (heads permuted as in eq 20): for d ∈ S_m,
-        v_d = (λ_d/a_d)^{1/3} = λ_d^{-1/3} (1 + (1 + trΛ/λ_d)/N)^{-1/3},  k_d = q_d = v_d e_d,
+        v_d = (λ_d/a_d)^{1/3} = λ_d^{-1/3} (1 + (1 + trΛ/λ_d)E(1/N))^{-1/3},  k_d = q_d = v_d e_d,
     all other heads zero. Then Σ_i v_i k_i q_iᵀ = Σ_{d∈S_m} (λ_d/a_d) e_d e_dᵀ (condition C1,
     eq 18) and (C2), (C3) hold, so the weights are a fixed point of the GF (eq 14).
 
@@ -256,7 +293,7 @@ def fixed_point_weights(eigenvalues, subset, inv_N, H=None, eigvecs=None):
     return v, k, k.copy()
 
 
-def plateau_ansatz_weights(eigenvalues, m, v_next, inv_N, H=None, eigvecs=None):
+def plateau_ansatz_weights(eigenvalues, m, *, v_next, inv_N, H=None, eigvecs=None):
     """Eq-20 ansatz on the m-th plateau: heads 1..m at their fixed point, head m+1 at v_next.
 
     k_i = q_i = v_i e_i with v_i = (λ_i/a_i)^{1/3} for i ≤ m, k_{m+1} = q_{m+1} = v_next e_{m+1},
@@ -298,7 +335,7 @@ def all_fixed_points(eigenvalues, inv_N):
 def attn_m_fixed_point(Lam, inv_N):
     """Effective matrix at the stable fixed point M_* of ATTN_M (eqs 9, 11, 46):
 
-    A* = E[Λ̂²]⁻¹ Λ = (Λ + (Λ + trΛ·I) E(1/N))⁻¹.
+    A* = E[Λ̂²]⁻¹ Λ = (Λ + (Λ + trΛ·I) E(1/N))⁻¹ (eq 25 for random lengths).
 
     Args:
         Lam: (D, D) covariance; inv_N: E(1/N).
@@ -310,7 +347,8 @@ def attn_m_fixed_point(Lam, inv_N):
 
 
 def converged_predictor(beta, x_q, Lam, inv_N):
-    """Converged prediction (eq 11): ŷ_q = βᵀ (Λ + (Λ + trΛ·I)/N)⁻¹ x_q (→ βᵀΛ⁻¹x_q as N → ∞).
+    """Converged prediction (eq 11; eq 24 for random lengths): ŷ_q = βᵀ (Λ + (Λ + trΛ·I)E(1/N))⁻¹ x_q
+    (→ βᵀΛ⁻¹x_q as N → ∞).
 
     Args:
         beta: (..., D) context statistic β = (1/N) Σ_n y_n x_n (eq 4).
@@ -325,28 +363,30 @@ def converged_predictor(beta, x_q, Lam, inv_N):
     return jnp.einsum("...i,ij,...j->...", jnp.asarray(beta), jnp.linalg.inv(M), jnp.asarray(x_q))
 
 
-def _white_constants(D, N, c):
-    """α = c³(1 + (1+D)/N) = mᵀE(zzᵀ)m and γ = ‖E(y_q z)‖ = c²√D for Λ = cI (eqs 48-50)."""
-    return c**3 * (1.0 + (1.0 + D) / N), c**2 * np.sqrt(D)
+def _white_constants(D, inv_N, c):
+    """α = c³(1 + (1+D)E(1/N)) = mᵀE(zzᵀ)m and γ = ‖E(y_q z)‖ = c²√D for Λ = cI (eqs 48-50)."""
+    return c**3 * (1.0 + (1.0 + D) * inv_N), c**2 * np.sqrt(D)
 
 
-def white_time_course(t, D, N, w_init, c=1.0):
+def white_time_course(t, D, *, inv_N, w_init, c=1.0):
     """σ(t) of ATTN_M for Λ = cI: ŷ = σ(t) βᵀx_q (eq 10 for c = 1; D.5 generalised).
 
-    s = ‖w₂‖² obeys τṡ = 2s(γ − αs) (eq 48), so s(t) = γe^{2γt}/(α(e^{2γt} − 1) + γ/s(0)), with
-    w₂ᵀW₁ = s(t) mᵀ, m = vec(I)/√D, hence A = σ I with σ = s/√D. For c = 1 this is eq 10:
+    s = ‖w₂‖² obeys τṡ = 2s(γ − αs) (eq 48), α = c³(1 + (1+D)E(1/N)), γ = c²√D, so
+    s(t) = γe^{2γt}/(α(e^{2γt} − 1) + γ/s(0)), with w₂ᵀW₁ = s(t) mᵀ, m = vec(I)/√D, hence A = σ I with
+    σ = s/√D. For c = 1 and fixed N this is eq 10:
     σ = e^{2√Dt}/((1 + (1+D)/N)(e^{2√Dt} − 1) + √D/w_init²). σ(∞) = c²/α (= 1/α for c = 1).
     Exact only for a balanced, aligned init (w₂w₂ᵀ = W₁W₁ᵀ, W₁ = w₂mᵀ), i.e. U_i = v_i I/√D.
 
     Args:
         t: array of times (τ = 1).
-        D, N: dimension and context length (N may be a float, 1/E(1/N)).
+        D: dimension.
+        inv_N: E(1/N) (1/N for a fixed length N).
         w_init: initial layer norm, s(0) = ‖w₂(0)‖² = w_init².
         c: Λ = cI.
     Returns:
         array σ(t), same shape as t.
     """
-    alpha, gamma = _white_constants(D, N, c)
+    alpha, gamma = _white_constants(D, inv_N, c)
     t = np.asarray(t, dtype=float)
     s0 = w_init**2
     # Written with e^{−2γt} so that large t does not overflow.
@@ -355,33 +395,35 @@ def white_time_course(t, D, N, w_init, c=1.0):
     return s / np.sqrt(D)
 
 
-def white_loss(t, D, N, w_init, c=1.0):
+def white_loss(t, D, *, inv_N, w_init, c=1.0):
     """Loss of ATTN_M for Λ = cI along eq 10 (eq 51; general c derived):
 
-    L(t) = cD − 2σ(t)c²D + σ(t)²αD, α = c³(1 + (1+D)/N); L(∞) = cD(1+D)/(N+1+D).
+    L(t) = cD − 2σ(t)c²D + σ(t)²αD, α = c³(1 + (1+D)E(1/N)); for fixed N, L(∞) = cD(1+D)/(N+1+D).
 
-    Args/exactness: as white_time_course.
+    Args:
+        t: array of times (τ = 1); D: dimension; inv_N: E(1/N); w_init: initial layer norm; c: Λ = cI
+        (exact under the conditions of :func:`white_time_course`).
     Returns:
         array L(t), same shape as t.
     """
-    alpha, _ = _white_constants(D, N, c)
-    sig = white_time_course(t, D, N, w_init, c)
+    alpha, _ = _white_constants(D, inv_N, c)
+    sig = white_time_course(t, D, inv_N=inv_N, w_init=w_init, c=c)
     return c * D - 2.0 * sig * c**2 * D + sig**2 * alpha * D
 
 
-def eq21_rhs(v, lam, a):
+def eq21_rhs(v, *, lam, a):
     """Right-hand side of eq 21 (= 69, 75): τ v̇ = λ² v² − λ a v⁵.
 
     Args:
         v: value of v_{m+1} (scalar or array); lam: λ_{m+1};
-        a: a_{m+1} = λ²(1 + (1 + trΛ/λ)/N), the eigenvalue of E[Λ̂²] (eq 32).
+        a: a_{m+1} = λ²(1 + (1 + trΛ/λ)E(1/N)), the eigenvalue of E[Λ̂²] (eq 32).
     Returns:
         τ v̇, same shape as v.
     """
     return lam**2 * v**2 - lam * a * v**5
 
 
-def v_star(lam, inv_N, trace):
+def v_star(lam, *, inv_N, trace):
     """Stable fixed point of eq 21: v* = (λ/a)^{1/3} = λ^{-1/3}(1 + (1 + trΛ/λ)E(1/N))^{-1/3} (eq 20).
 
     Args:
@@ -393,12 +435,13 @@ def v_star(lam, inv_N, trace):
     return (lam / _eig_a(lam, inv_N, trace)) ** (1.0 / 3.0)
 
 
-def eq21_solve(v0, lam, inv_N, trace, t, rtol=1e-12, atol=1e-14):
-    """Numerical solution of eq 21 from v(0) = v0, evaluated at times t (τ = 1).
+def eq21_solve(v0, t, *, lam, inv_N, trace, rtol=1e-12, atol=1e-14):
+    """Numerical solution of eq 21, τ v̇ = λ² v² − λ a v⁵, from v(0) = v0, evaluated at times t (τ = 1).
 
     Args:
-        v0: initial v_{m+1}; lam: λ_{m+1}; inv_N: E(1/N); trace: trΛ.
+        v0: initial v_{m+1}.
         t: (T,) non-decreasing times ≥ 0.
+        lam: λ_{m+1}; inv_N: E(1/N); trace: trΛ.
         rtol, atol: solve_ivp tolerances (DOP853).
     Returns:
         (T,) numpy array v(t).
@@ -407,14 +450,14 @@ def eq21_solve(v0, lam, inv_N, trace, t, rtol=1e-12, atol=1e-14):
 
     a = float(_eig_a(lam, inv_N, trace))
     t = np.asarray(t, dtype=float)
-    sol = solve_ivp(lambda _, y: eq21_rhs(y, lam, a), (0.0, float(t.max())), [float(v0)],
+    sol = solve_ivp(lambda _, y: eq21_rhs(y, lam=lam, a=a), (0.0, float(t.max())), [float(v0)],
                     method="DOP853", t_eval=t, rtol=rtol, atol=atol)
     if not sol.success:
         raise RuntimeError(f"eq 21 integration failed: {sol.message}")
     return sol.y[0]
 
 
-def eq70_time(v, lam, inv_N, trace):
+def eq70_time(v, *, lam, inv_N, trace):
     """Implicit solution of eq 21 (eq 70, integrand corrected from v² to v⁵):
 
     λ² t/τ = (c/6)[ln((c²v² + cv + 1)/(c²v² − 2cv + 1)) − 2√3 arctan((2cv + 1)/√3)] − 1/v + const,
@@ -427,7 +470,7 @@ def eq70_time(v, lam, inv_N, trace):
         (...) times (τ = 1), up to a common additive constant.
     """
     v = np.asarray(v, dtype=float)
-    c = 1.0 / v_star(lam, inv_N, trace)
+    c = 1.0 / v_star(lam, inv_N=inv_N, trace=trace)
     cv = c * v
     F = (c / 6.0) * (np.log((cv**2 + cv + 1.0) / (cv**2 - 2.0 * cv + 1.0))
                      - 2.0 * np.sqrt(3.0) * np.arctan((2.0 * cv + 1.0) / np.sqrt(3.0))) - 1.0 / v
@@ -447,7 +490,7 @@ def attn_m_plateau_time(Lam, w_init):
     return float(np.log(1.0 / w_init) / np.linalg.norm(np.asarray(Lam) @ np.asarray(Lam), "fro"))
 
 
-def attn_s_first_plateau_time(lam1, v1_0):
+def attn_s_first_plateau_time(*, lam1, v1_0):
     """First plateau of ATTN_S (eq 71): t₁ ≈ τ/(λ₁² v₁(0)), the blow-up time of τv̇ = λ₁²v².
 
     Args:
@@ -458,7 +501,7 @@ def attn_s_first_plateau_time(lam1, v1_0):
     return 1.0 / (lam1**2 * v1_0)
 
 
-def attn_s_next_plateau_time(lam, v_at_tm):
+def attn_s_next_plateau_time(*, lam, v_at_tm):
     """Duration of plateau m+1 of ATTN_S (eq 76): t_{m+1} − t_m ≈ τ/(λ_{m+1}² v_{m+1}(t_m)).
 
     Args:
@@ -469,19 +512,19 @@ def attn_s_next_plateau_time(lam, v_at_tm):
     return 1.0 / (lam**2 * v_at_tm)
 
 
-def pcr_predictor_matrix(eigvals, eigvecs, m, inv_N):
+def pcr_predictor_matrix(eigenvalues, eigvecs, m, inv_N):
     """In-context PCR predictor at the m-th plateau of ATTN_S (eq 22):
 
     A_m = Σ_{d≤m} λ_d⁻¹ (1 + (1 + trΛ/λ_d)E(1/N))⁻¹ e_d e_dᵀ (top-m eigenvectors), ŷ = βᵀ A_m x_q;
     population_loss(A_m) = L(M_m) (eq 19).
 
     Args:
-        eigvals: (D,) eigenvalues; eigvecs: (D, D) matching eigenvectors as columns;
+        eigenvalues: (D,) eigenvalues; eigvecs: (D, D) matching eigenvectors as columns;
         m: number of learned directions, 0 ≤ m ≤ D; inv_N: E(1/N).
     Returns:
         (D, D) numpy matrix A_m.
     """
-    lam = np.asarray(eigvals, dtype=float)
+    lam = np.asarray(eigenvalues, dtype=float)
     E = np.asarray(eigvecs, dtype=float)
     if not 0 <= m <= lam.size:
         raise ValueError(f"m must be in [0, {lam.size}] (got {m})")
@@ -495,6 +538,8 @@ def plateau_direction(Lam):
 
     vec(Λ²)/‖vec(Λ²)‖ = E(y_q z)/‖E(y_q z)‖ (eq 43; column-stacking vec).
 
+    Args:
+        Lam: (D, D) covariance Λ.
     Returns:
         (D²,) unit vector.
     """
@@ -506,8 +551,10 @@ def plateau_direction(Lam):
 def converged_direction(Lam, inv_N):
     """Direction of the ATTN_M rows at convergence (D.6.2, Fig 9 middle):
 
-    normalised E(y_q zᵀ) E(zzᵀ)⁻¹ = vec((Λ + (Λ + trΛ·I)/N)⁻¹)/‖·‖ (eqs 9, 11, 43-45).
+    normalised E(y_q zᵀ) E(zzᵀ)⁻¹ = vec((Λ + (Λ + trΛ·I)E(1/N))⁻¹)/‖·‖ (eqs 9, 11, 43-45).
 
+    Args:
+        Lam: (D, D) covariance Λ; inv_N: E(1/N).
     Returns:
         (D²,) unit vector.
     """
@@ -519,6 +566,8 @@ def converged_direction(Lam, inv_N):
 def large_N_direction(Lam):
     """N → ∞ limit of converged_direction (Fig 9 bottom): vec(Λ⁻¹)/‖vec(Λ⁻¹)‖.
 
+    Args:
+        Lam: (D, D) covariance Λ.
     Returns:
         (D²,) unit vector.
     """

@@ -1,5 +1,6 @@
-"""Shared pieces of the ATTN_S figures (Figs 3, 10, 11, 13): one config, one run, and the readings
-of a trajectory the checks need (plateaus, drop times, head-eigenvector alignment, eq-21 overlay).
+"""Shared pieces of the ATTN_S figures (Figs 3, 10, 11, 13): one config, one run, the readings of a
+trajectory the checks need (plateaus, drop times, head-eigenvector alignment, eq-21 overlay), and the
+rank-R escape rule of Figs 11 and 13.
 
 Times are t = Σ lr; the paper's time is t/τ = 2t (spec §4), so eq 21 is integrated over 2t.
 """
@@ -9,12 +10,13 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+from pydantic import field_validator, model_validator
 
-from iclab.experiments._analysis import drop_intervals
+from iclab.engines import linreg
+from iclab.engines.linreg import LinregTraining, MomentsBackend
+from iclab.experiments._analysis import drop_intervals, first_rise
 from iclab.experiments._config import param
-from iclab.experiments.linattn._common import (
-    CovarianceConfig, MomentsBackend, covariances, prompt_statistics, seed_keys, train,
-)
+from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, training_spec
 from iclab.theory import linattn as theory
 
 OdeAlign = Literal["half_rise", "start"]
@@ -36,8 +38,8 @@ class AttnSConfig(CovarianceConfig):
                       gt=0, le=10)
     steps: int = param(
         50_000, "GD steps", paper=10_000,
-        paper_note="reference code: 10001 epochs; with H = 4 the slowest of our 6 seeds leaves L(M_3) only at "
-                   "≈ 40k steps, so the default runs 50k (t ≈ 9850)",
+        paper_note="reference code: 10001 epochs; with H = 4 a head that starts small leaves L(M_3) late, so the "
+                   "default runs 50k (t ≈ 9850) for every seed to finish",
         ge=1, le=10_000_000,
     )
     engine: Literal["moments", "population"] = param(
@@ -47,10 +49,36 @@ class AttnSConfig(CovarianceConfig):
                    paper_note="the notebook's Fig 3 runs (…_P80000_…); reference README default: 5000",
                    ge=1, le=1_000_000)
     moments_backend: MomentsBackend = param(
-        "xla", "how the moments engine runs its steps: XLA (xla) or the compiled numba kernel (native, ~4× "
-        "faster per step on a CPU); the same trajectory to rounding")
+        "xla", "how the moments engine runs its steps: XLA (xla) or the compiled numba kernel (native, faster "
+        "per step on a CPU); the same trajectory to rounding")
     population_beside: bool = param(True, "also run population GD (exact expected loss) from the same init")
     record_every: int = param(5, "record the trajectory every this many steps", ge=1, le=1_000_000)
+
+    def ranks_trained(self) -> list[int]:
+        """The ranks R this figure trains (Fig 3: R = 1)."""
+        return [1]
+
+    def training(self, R: int, engine: str) -> LinregTraining:
+        """ATTN_S of rank R with H heads by one engine: full-batch GD on P prompts (moments, on the
+        configured backend) or GD on the exact expected loss (population), weights recorded."""
+        moments = engine == "moments"
+        return training_spec(model="attn_s", engine=engine, H=self.H, R=R, w_init=self.w_init, lr=self.lr,
+                             steps=self.steps, record_every=self.record_every, P=self.P if moments else None,
+                             backend=self.moments_backend if moments else "xla", record_params=True)
+
+    def engines_run(self) -> list[tuple[str, str]]:
+        """(array prefix, engine) of each run: the main engine, and population GD beside it."""
+        runs = [("", self.engine)]
+        if self.population_beside and self.engine != "population":
+            runs.append(("pe_", "population"))
+        return runs
+
+    @model_validator(mode="after")
+    def _trainings(self):
+        for R in self.ranks_trained():
+            for _, engine in self.engines_run():
+                self.training(R, engine)
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,19 +167,7 @@ def learner_slots(v, k, q, E) -> np.ndarray:
     return np.stack([flat // R, flat % R], axis=1)
 
 
-def first_crossing_interp(t, y, level: float) -> float:
-    """First time y ≥ level, interpolated linearly between records (NaN if never; t[0] if at once)."""
-    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
-    idx = np.flatnonzero(y >= level)
-    if not idx.size:
-        return float("nan")
-    i = int(idx[0])
-    if i == 0:
-        return float(t[0])
-    return float(t[i - 1] + (level - y[i - 1]) / (y[i] - y[i - 1]) * (t[i] - t[i - 1]))
-
-
-def eq21_overlay(t, v_sim, t_start: float, lam: float, inv_N: float, trace: float,
+def eq21_overlay(t, v_sim, t_start: float, *, lam: float, inv_N: float, trace: float,
                  align: OdeAlign = "half_rise") -> np.ndarray:
     """The eq-21 solution for a head learning direction λ, on the records t (NaN where undefined).
 
@@ -162,27 +178,30 @@ def eq21_overlay(t, v_sim, t_start: float, lam: float, inv_N: float, trace: floa
     Args:
         t: (T,) record times; v_sim: (T,) simulated v of the head (either sign).
         t_start: time t_m the previous drop ended (0 for the first direction).
+        lam: λ_{m+1} of the direction; inv_N: E(1/N); trace: trΛ.
+        align: "half_rise" or "start".
     Returns:
         (T,) |v| of eq 21.
     """
     t, v_abs = np.asarray(t, dtype=float), np.abs(np.asarray(v_sim, dtype=float))
     v0 = float(np.interp(t_start, t, v_abs))
-    vs = float(theory.v_star(lam, inv_N, trace))
+    ode = dict(lam=lam, inv_N=inv_N, trace=trace)
+    vs = float(theory.v_star(lam, inv_N=inv_N, trace=trace))
     out = np.full(t.shape, np.nan)
     if not v0 > 0 or v0 >= vs:
         return out
     if align == "start":
         keep = t >= t_start
-        out[keep] = theory.eq21_solve(v0, lam, inv_N, trace, 2.0 * (t[keep] - t_start))
+        out[keep] = theory.eq21_solve(v0, 2.0 * (t[keep] - t_start), **ode)
         return out
-    t_half_sim = first_crossing_interp(t, v_abs, 0.5 * vs)
+    t_half_sim = first_rise(t, v_abs, 0.5 * vs)
     if not np.isfinite(t_half_sim):
         return out
     # Half-rise time of eq 21 from v0 (paper time), exactly from eq 70.
-    tau_half = float(theory.eq70_time(0.5 * vs, lam, inv_N, trace) - theory.eq70_time(v0, lam, inv_N, trace))
+    tau_half = float(theory.eq70_time(0.5 * vs, **ode) - theory.eq70_time(v0, **ode))
     t0 = t_half_sim - 0.5 * tau_half
     keep = t >= t0
-    out[keep] = theory.eq21_solve(v0, lam, inv_N, trace, 2.0 * (t[keep] - t0))
+    out[keep] = theory.eq21_solve(v0, 2.0 * (t[keep] - t0), **ode)
     return out
 
 
@@ -232,7 +251,8 @@ def readings(t, pop, v, k, q, Lams, lam, inv_N: float, align: OdeAlign = "half_r
             out["k_learner"][s, m] = np.abs(k[s, :, i, r] @ E[:, m])
             out["q_learner"][s, m] = np.abs(q[s, :, i, r] @ E[:, m])
             if R == 1 and np.isfinite(t_prev[m]):
-                out["v_ode"][s, m] = eq21_overlay(t, v[s, :, i], t_prev[m], lam[m], inv_N, lam.sum(), align)
+                out["v_ode"][s, m] = eq21_overlay(t, v[s, :, i], t_prev[m], lam=lam[m], inv_N=inv_N, trace=lam.sum(),
+                                                  align=align)
     return out
 
 
@@ -241,13 +261,13 @@ def moments_statistics(config: AttnSConfig):
     same data (a rank sweep); None for the population engine."""
     if config.engine != "moments":
         return None
-    keys = seed_keys(config)
-    return prompt_statistics(keys, covariances(config, keys), config.N, config.P)
+    keys, Lams = keys_and_covariances(config)
+    return linreg.prompt_statistics(keys, Lams, config.N, config.P)
 
 
-def run_attn_s(config: AttnSConfig, reporter, *, R: int, H: int | None = None, align: OdeAlign = "half_rise",
-               tag: str = "", stats=None) -> dict:
-    """Trains ATTN_S (rank R, H heads) for config.seeds seeds and reads off its plateaus.
+def run_attn_s(config: AttnSConfig, reporter, *, R: int, align: OdeAlign = "half_rise", tag: str = "",
+               stats=None) -> dict:
+    """Trains ATTN_S (rank R, config.H heads) for config.seeds seeds and reads off its plateaus.
 
     Returns arrays, every name prefixed by ``tag``: t (T,), step (T,), loss (S, T) the main engine's
     objective, pop (S, T) the exact expected loss of its weights, v (S, T, H), the :func:`readings`
@@ -255,27 +275,22 @@ def run_attn_s(config: AttnSConfig, reporter, *, R: int, H: int | None = None, a
     under the prefix ``pe_``; eigenvalues (D,), plateau_levels (D+1,) of eq 19, v_star (D,).
     ``stats``: :func:`moments_statistics` of this config, if already computed.
     """
-    H = config.H if H is None else H
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
+    keys, Lams = keys_and_covariances(config)
     lam = config.lambdas()
     inv_N = 1.0 / config.N
     S = config.seeds
-    common = dict(keys=keys, Lams=Lams, N=config.N, H=H, R=R, w_init=config.w_init, lr=config.lr,
-                  steps=config.steps, record_every=config.record_every, reporter=reporter, record_params=True)
-    name = f"ATTN_S R = {R}, H = {H}"
+    name = f"ATTN_S R = {R}, H = {config.H}"
     out = {"eigenvalues": lam, "plateau_levels": theory.plateau_losses(lam, inv_N),
-           "v_star": theory.v_star(lam, inv_N, lam.sum())}
-    runs = [("", config.engine)]
-    if config.population_beside and config.engine != "population":
-        runs.append(("pe_", "population"))
-    for prefix, engine in runs:
+           "v_star": theory.v_star(lam, inv_N=inv_N, trace=lam.sum())}
+    for prefix, engine in config.engines_run():
+        spec = config.training(R, engine)
         if engine == "moments":
-            tr = train("attn_s", engine="moments", P=config.P, stats=stats, backend=config.moments_backend,
-                       label=f"{name}: moments (P = {config.P}, {S} seeds)", **common)
+            tr = linreg.train(spec, keys=keys, Lams=Lams, N=config.N, stats=stats, reporter=reporter,
+                              label=f"{name}: moments (P = {config.P}, {S} seeds)")
             pop = np.asarray(tr.metrics["population"])
         else:
-            tr = train("attn_s", engine="population", label=f"{name}: population ({S} seeds)", **common)
+            tr = linreg.train(spec, keys=keys, Lams=Lams, N=config.N, reporter=reporter,
+                              label=f"{name}: population ({S} seeds)")
             pop = np.asarray(tr.loss)
         t = np.asarray(tr.t)
         v, k, q = (np.asarray(tr.params[n]) for n in ("v", "k", "q"))
@@ -303,7 +318,7 @@ def head_escapes(t, loss, v, levels, active: float, frac: float = 0.5) -> list[t
     labels, _ = nearest_levels(np.asarray(loss)[points], levels)
     out = []
     for i in np.flatnonzero(v[-1] > active):
-        t_esc = first_crossing_interp(t, v[:, i], frac * v[-1, i])
+        t_esc = first_rise(t, v[:, i], frac * v[-1, i])
         before = np.flatnonzero(t[points] <= t_esc)
         out.append((int(i), t_esc, int(labels[before[-1]]) if before.size else 0))
     return sorted(out, key=lambda e: e[1])
@@ -313,10 +328,54 @@ def head_escapes(t, loss, v, levels, active: float, frac: float = 0.5) -> list[t
 # Rank-R runs (Figs 11, 13): which plateaus a new head leaves, and the loss / v panels.
 
 
+class RankConfig(AttnSConfig):
+    """The Fig 3 setup at several ranks R, one column each, on the same data (Figs 11, 13)."""
+
+    ranks: list[int] = param([2, 3, 4], "ranks R of the key and query matrices, one column each", paper=[2, 3, 4])
+    population_beside: bool = param(False, "also run population GD from the same init (not used here)")
+    show_seed: int = param(0, "seed whose v_i are shown", ge=0, le=1023)
+    active_frac: float = param(0.5, "a head is active if its final |v_i| exceeds this fraction of min_d v*_d; it "
+                               "escapes when |v_i| reaches half its final value", gt=0, lt=1)
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks(cls, value):
+        if not value or any(r < 1 for r in value):
+            raise ValueError("ranks must be a non-empty list of integers ≥ 1")
+        return value
+
+    def ranks_trained(self) -> list[int]:
+        """The ranks R of the columns."""
+        return list(self.ranks)
+
+
+def run_ranks(config: RankConfig, reporter) -> dict:
+    """:func:`run_attn_s` at every rank of the config, on the same prompts (one statistics pass), arrays
+    prefixed ``R{R}_``; plus ranks (n,)."""
+    out = {"ranks": np.array(config.ranks)}
+    stats = moments_statistics(config)
+    for R in config.ranks:
+        out.update(run_attn_s(config, reporter, R=R, tag=f"R{R}_", stats=stats))
+    return out
+
+
 def escape_plateaus(t, losses, vs, levels, active: float) -> list[list[int]]:
     """For each seed, the plateaus m (eq-19 labels) that a new head escapes from (:func:`head_escapes`).
     losses: (S, T); vs: (S, T, H)."""
     return [[m for _, _, m in head_escapes(t, c, v, levels, active)] for c, v in zip(losses, vs)]
+
+
+def rank_escapes(config: RankConfig, r: dict, R: int) -> list[list[int]]:
+    """:func:`escape_plateaus` of the rank-R run stored under ``R{R}_``, a head being active above
+    ``active_frac`` · min_d v*_d."""
+    tag = f"R{R}_"
+    return escape_plateaus(r[f"{tag}t"], r[f"{tag}pop"], r[f"{tag}v"], r[f"{tag}plateau_levels"],
+                           config.active_frac * float(np.min(r[f"{tag}v_star"])))
+
+
+def escape_violations(escapes: list[list[int]], R: int) -> int:
+    """Escapes (over seeds) from a plateau M_m with R ∤ m (Sec 5: a new v_i escapes only where R | m)."""
+    return sum(m % R != 0 for seed in escapes for m in seed)
 
 
 def group_values(v_star, R: int) -> np.ndarray:

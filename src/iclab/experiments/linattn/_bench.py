@@ -1,10 +1,12 @@
 """Benchmark: the moments engine against full-batch GD on the prompts, in the Fig 4 setting.
 
-Both engines train the reduced ATTN_S (D = 8, H = 9, R = 1, N = 31, λ_d ∝ 1/d) from the same eq-36
-init on the same P prompts (those :func:`iclab.experiments.linattn._common.train` draws for seed 0
-of the base seed), so their loss trajectories must agree to rounding. The moments engine is timed
-with both of its backends: XLA (:func:`iclab.engines.moments.full_batch`) and the compiled kernel
-(:func:`iclab.engines.moments_native.full_batch`); the headline speedup is the faster one's.
+Both engines train the reduced ATTN_S (D = 8, H = 9, R = 1, N = 31, λ_d ∝ 1/d) through
+:func:`iclab.engines.linreg.train`, from the same eq-36 init on the same P prompts (those it draws for
+seed 0 of the base seed), so their loss trajectories must agree to rounding. The moments engine is
+timed with both of its backends: XLA (:func:`iclab.engines.moments.full_batch`) and the compiled kernel
+(:func:`iclab.engines.moments_native.full_batch`); the headline speedup is the faster one's. Each
+timed call trains from scratch (init, prompts or statistics given, compilation), so the per-step cost
+is the slope between a short and a long run (:func:`_per_step`).
 """
 
 from __future__ import annotations
@@ -16,31 +18,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclab.engines import moments, moments_native, sampled
-from iclab.experiments.linattn._common import init_params, prompt_statistics
-from iclab.experiments.linattn.fig4 import REFERENCE_LR
-from iclab.models import linattn as models
+from iclab.engines import linreg, moments, seed_keys
+from iclab.engines.linreg import LinregTraining
+from iclab.experiments.linattn._rank_sweep import REFERENCE_LR
 from iclab.tasks.linreg import covariance, sample_prompts, spectrum_eigenvalues
 
 D, H, R, N = 8, 9, 1, 31
 W_INIT = 0.4  # Fig 4's default init
 FIG4_SEEDS = 6  # Fig 4 trains 6 seeds per rank together (vmapped)
-# A moments step takes ~1 µs while each engine call compiles anew (~1 s, jittering by ~0.1 s), so its
+# A moments step costs a tiny fraction of the compilation every engine call repeats (which jitters), so its
 # timed runs must be long enough that the steps, not the compilation, make the difference (see _per_step).
 MOMENTS_STEPS = (20_000, 1_000_000)
 
 
+def _spec(engine: str, n: int, *, lr: float, P: int, record_every: int | None,
+          backend: str = "xla") -> LinregTraining:
+    """n steps of ATTN_S in the Fig 4 setting by one engine on P prompts, recording every ``record_every``
+    steps (None: the first and the last only)."""
+    return LinregTraining(model="attn_s", engine=engine, H=H, R=R, w_init=W_INIT, lr=lr, steps=n,
+                          record_every=record_every or max(n, 1), P=P, backend=backend,
+                          unroll=moments.LONG_RUN_UNROLL if engine == "moments" and backend == "xla" else 1)
+
+
 def _setup(P: int, seed: int, S: int = 1):
-    """Seed keys, Λ, initial params and the P prompts of seeds 0..S-1, as ``train`` draws them."""
-    keys = jnp.stack([jax.random.fold_in(jax.random.PRNGKey(seed), s) for s in range(S)])
+    """Seed keys, Λ and the P prompts of seeds 0..S-1, as :func:`iclab.engines.linreg.train` draws them."""
+    keys = seed_keys(seed, S)
     Lams = jnp.broadcast_to(covariance(spectrum_eigenvalues("inverse", D)), (S, D, D))
-    params0 = jax.vmap(lambda k: init_params("attn_s", jax.random.fold_in(k, 1), D, H, R, W_INIT))(keys)
     data = jax.vmap(lambda k, L: sample_prompts(jax.random.fold_in(k, 2), L, N, P))(keys, Lams)
-    return keys, Lams, params0, data
-
-
-def _sampled_loss(params, prompts):
-    return jnp.mean((prompts.y_q - models.predict_attn_s(params, prompts)) ** 2)
+    return keys, Lams, data
 
 
 def _timed(fn, n_steps: int, repeats: int = 2) -> float:
@@ -78,27 +83,26 @@ def _per_step(fn, n_short: int, n_long: int, min_step_share: float = 0.5, max_do
 def _engines(P: int, seed: int, S: int, lr: float):
     """(run_sampled, run_moments (XLA), run_native, statistics pass seconds (first call, again)) for
     seeds 0..S-1."""
-    keys, Lams, params0, data = _setup(P, seed, S)
+    keys, Lams, data = _setup(P, seed, S)
+    common = dict(keys=keys, Lams=Lams, N=N)
 
     def run_sampled(n, record_every=None):
-        return sampled.full_batch(_sampled_loss, params0, data, lr=lr, n_steps=n,
-                                  record_every=record_every or n, batched=True)
+        return linreg.train(_spec("sampled", n, lr=lr, P=P, record_every=record_every), prompts=data, **common)
 
     start = time.perf_counter()
-    stats = prompt_statistics(keys, Lams, N, P, method="prompts")
+    stats = linreg.prompt_statistics(keys, Lams, N, P, method="prompts")
     jax.block_until_ready(stats.G)
     t_stats = time.perf_counter() - start  # includes compiling the pass
     start = time.perf_counter()
-    jax.block_until_ready(prompt_statistics(keys, Lams, N, P, method="prompts").G)
+    jax.block_until_ready(linreg.prompt_statistics(keys, Lams, N, P, method="prompts").G)
     t_stats_again = time.perf_counter() - start
 
     def run_moments(n, record_every=None):
-        return moments.full_batch(models.tensor_attn_s, params0, stats, lr=lr, n_steps=n,
-                                  record_every=record_every or n, batched=True, unroll=moments.LONG_RUN_UNROLL)
+        return linreg.train(_spec("moments", n, lr=lr, P=P, record_every=record_every), stats=stats, **common)
 
     def run_native(n, record_every=None):
-        return moments_native.full_batch("attn_s", params0, stats, lr=lr, n_steps=n,
-                                         record_every=record_every or n, batched=True)
+        return linreg.train(_spec("moments", n, lr=lr, P=P, record_every=record_every, backend="native"),
+                            stats=stats, **common)
 
     return run_sampled, run_moments, run_native, (t_stats, t_stats_again)
 

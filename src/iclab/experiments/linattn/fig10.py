@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from pydantic import model_validator
 
-from iclab.engines import population
+from iclab.engines import linreg, seed_keys
+from iclab.engines.linreg import LinregTraining
+from iclab.experiments._analysis import first_rise
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, MODEL_COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
-from iclab.experiments.linattn._attn_s import (
-    AttnSConfig, drop_end_times, eigenbasis, first_crossing_interp, run_attn_s,
-)
-from iclab.experiments.linattn._common import PAPER, covariances, seed_keys
-from iclab.models import linattn as models
+from iclab.experiments.linattn._attn_s import AttnSConfig, drop_end_times, eigenbasis, run_attn_s
+from iclab.experiments.linattn._common import PAPER, covariances, training_spec
 from iclab.theory import linattn as theory
 
 
@@ -29,6 +29,17 @@ class Fig10Config(AttnSConfig):
         0.03, "v_d(0) of the aligned, balanced init k_d = q_d = v_d e_d (eq 20 manifold) of the eq 71/76 run",
         paper=None, paper_note="eqs 71, 76 are derived on this manifold from small init", gt=0, le=0.5)
     show_seed: int = param(0, "seed shown in panels (a) and (b)", ge=0, le=1023)
+
+    def aligned_training(self) -> LinregTraining:
+        """Population GD of rank-one ATTN_S with H = D heads, from the aligned init given to the run
+        (w_init does not enter), weights recorded."""
+        return training_spec(model="attn_s", engine="population", H=self.D, R=1, w_init=self.aligned_init,
+                             lr=self.lr, steps=self.steps, record_every=self.record_every, record_params=True)
+
+    @model_validator(mode="after")
+    def _aligned_training(self):
+        self.aligned_training()
+        return self
 
 
 def eq76_times(t, v_learning, t_end, lam) -> np.ndarray:
@@ -45,7 +56,7 @@ def eq76_times(t, v_learning, t_end, lam) -> np.ndarray:
     for m in range(len(lam)):
         if np.isfinite(t_prev[m]):
             v0 = abs(float(np.interp(t_prev[m], t, v_learning[m])))
-            out[m] = t_prev[m] + theory.attn_s_next_plateau_time(lam[m], v0) / 2.0
+            out[m] = t_prev[m] + theory.attn_s_next_plateau_time(lam=lam[m], v_at_tm=v0) / 2.0
     return out
 
 
@@ -63,7 +74,7 @@ def escape_violations(t, v_learner, t_end, v_star) -> int:
     for s in range(v_learner.shape[0]):
         t_prev = np.concatenate([[0.0], t_end[s, :-1]])
         for m in range(v_learner.shape[1]):
-            tc = first_crossing_interp(t, v_learner[s, m], 0.5 * v_star[m])
+            tc = first_rise(t, v_learner[s, m], 0.5 * v_star[m])
             bad += int(not (t_prev[m] < tc <= t_end[s, m]))
     return bad
 
@@ -71,18 +82,13 @@ def escape_violations(t, v_learner, t_end, v_star) -> int:
 def _aligned_run(config: Fig10Config, reporter) -> dict:
     """Population GD from k_d = q_d = v_d e_d, v_d = aligned_init for every head d (H = D): each head
     obeys eq 21 on its own eigendirection (A and G stay diagonal in the e_d basis)."""
-    keys = seed_keys(config.model_copy(update={"seeds": 1}))
-    Lam = np.asarray(covariances(config, keys))[0]
+    Lam = np.asarray(covariances(config, seed_keys(config.seed, 1)))[0]
     lam, E = eigenbasis(Lam)
     D, eps = config.D, config.aligned_init
     params0 = {"v": jnp.full((1, D), eps), "k": jnp.asarray(eps * E.T[None, :, None, :]),
                "q": jnp.asarray(eps * E.T[None, :, None, :])}
-    aux = {"Lam": jnp.asarray(Lam[None]), "inv_N": jnp.full((1,), 1.0 / config.N)}
-    with reporter.task(f"aligned init v(0) = {eps}: population GD", config.steps) as cb:
-        tr = population.gradient_descent(
-            lambda p, a: theory.population_loss(models.effective_matrix_attn_s(p), a["Lam"], a["inv_N"]),
-            params0, aux, lr=config.lr, n_steps=config.steps, record_every=config.record_every,
-            record_params=True, batched=True, callback=cb)
+    tr = linreg.train(config.aligned_training(), Lams=jnp.asarray(Lam[None]), N=config.N, params0=params0,
+                      reporter=reporter, label=f"aligned init v(0) = {eps}: population GD")
     t, loss, v = np.asarray(tr.t), np.asarray(tr.loss)[0], np.abs(np.asarray(tr.params["v"])[0]).T  # v: (D, T)
     levels = theory.plateau_losses(lam, 1.0 / config.N)
     t_end = drop_end_times(t, loss, levels, config.drop_frac)
@@ -179,7 +185,7 @@ register(
             "t_1 … t_D marked; t_m is where the exact loss of the weights has made 90 % of the m-th drop.",
             "Eqs 71 and 76 are derived on the eq-20 manifold (k = q = v e_m) from small init. They are checked there: "
             "population GD from k_d = q_d = v_d e_d, v_d(0) = 0.03 for every head, where each head obeys eq 21 "
-            "exactly and the durations match eq 76 to ≈ 1.5 %.",
+            "exactly and the durations match eq 76 up to its neglected v⁵ term.",
             "From the random eq-36 init the durations are eq 76's only to a factor of a few (both ways): eq 76 uses "
             "|v_m(t_(m−1))| alone, while the head's k, q are not yet balanced with v (‖k‖² − v² is conserved, "
             "eq 82) nor aligned with e_m. Panel (a) prints the range; it is shown, not checked.",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from iclab.experiments._config import param
 from iclab.experiments import Experiment, register
 from iclab.experiments.linattn._common import PAPER
-from iclab.experiments.linattn.fig4 import NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, run_rank_sweep
+from iclab.experiments.linattn._rank_sweep import (
+    NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, run_rank_sweep,
+)
 
 
 class Fig12Config(RankSweepConfig):

@@ -4,45 +4,24 @@ visited plateaus sit at the eq-19 levels; plateaus inside a repeated pair may be
 from __future__ import annotations
 
 import numpy as np
-from pydantic import field_validator
 
 from iclab.experiments._config import param
 from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import (
-    AttnSConfig, moments_statistics, plateau_errors, plateau_points, plot_rank_column, run_attn_s,
+    RankConfig, escape_violations, plateau_errors, plateau_points, plot_rank_column, rank_escapes, run_ranks,
 )
 from iclab.experiments.linattn._common import PAPER
-from iclab.experiments.linattn.fig11 import escape_violations, rank_escapes
 
 
-class Fig13Config(AttnSConfig):
+class Fig13Config(RankConfig):
     eigenvalues: list[float] | None = param(
         [0.35, 0.35, 0.15, 0.15], "eigenvalues of Λ (length D, all > 0)", paper=[0.35, 0.35, 0.15, 0.15],
         paper_note="Fig 13 caption")
     ranks: list[int] = param([1, 2, 3, 4], "ranks R of the key and query matrices, one column each", paper=None,
                              paper_note="unspecified: four panels differing in R, presumably 1-4")
     seeds: int = param(6, "random initialisations per rank", paper=6, paper_note="Fig 3's six", ge=1, le=1024)
-    population_beside: bool = param(False, "also run population GD from the same init (not used here)")
-    show_seed: int = param(0, "seed whose v_i are shown", ge=0, le=1023)
-    active_frac: float = param(0.5, "a head is active if its final |v_i| exceeds this fraction of min_d v*_d; it "
-                               "escapes when |v_i| reaches half its final value", gt=0, lt=1)
-
-    @field_validator("ranks")
-    @classmethod
-    def _ranks(cls, value):
-        if not value or any(r < 1 for r in value):
-            raise ValueError("ranks must be a non-empty list of integers ≥ 1")
-        return value
-
-
-def run_fig13(config: Fig13Config, reporter) -> dict:
-    out = {"ranks": np.array(config.ranks)}
-    stats = moments_statistics(config)
-    for R in config.ranks:
-        out.update(run_attn_s(config, reporter, R=R, tag=f"R{R}_", stats=stats))
-    return out
 
 
 def visited_levels(t, losses, levels) -> list[list[int]]:
@@ -93,7 +72,7 @@ register(
         reference="Fig 13; App F.5; eq 19 (levels 1, .68873, .37746, .25720, .13694)",
         config=Fig13Config,
         presets={"quick": {"seeds": 2, "steps": 10_240, "record_every": 10}, "paper": {}},
-        run=run_fig13,
+        run=run_ranks,
         checks=checks_fig13,
         plot=plot_fig13,
         runtime={"quick": "6 s on the idle 2-core machine (31 s on a slower one)", "paper": "12 s on the idle 2-core machine (78 s at load 6); 12/12 checks"},

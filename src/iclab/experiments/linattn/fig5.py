@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import model_validator
 
+from iclab.engines import linreg
+from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_least, check_at_most, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, seed_keys, train
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+
+MODELS = {"m": "softmax_attn_m", "s": "softmax_attn_s"}
 
 
 class Fig5Config(CovarianceConfig):
@@ -34,19 +39,27 @@ class Fig5Config(CovarianceConfig):
                          paper_note="reference code (Fig 3): 10001 epochs", ge=1, le=10_000_000)
     record_every: int = param(20, "record the training loss every this many steps", ge=1, le=1_000_000)
 
+    def training(self, name: str) -> LinregTraining:
+        """Softmax ATTN_M (name "m") or rank-one ATTN_S ("s"): full-batch GD on the P prompts (sampled)."""
+        H, w_init, lr, steps = ((self.H_m, self.w_init_m, self.lr_m, self.steps_m) if name == "m" else
+                                (self.H_s, self.w_init_s, self.lr_s, self.steps_s))
+        return training_spec(model=MODELS[name], engine="sampled", H=H, R=1, w_init=w_init, lr=lr, steps=steps,
+                             record_every=self.record_every, P=self.P, rho=self.rho)
+
+    @model_validator(mode="after")
+    def _trainings(self):
+        for name in MODELS:
+            self.training(name)
+        return self
+
 
 def run_fig5(config: Fig5Config, reporter) -> dict:
     """Full-batch GD of the two softmax models on the same P prompts per seed (eq-34/36 init)."""
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
+    keys, Lams = keys_and_covariances(config)
     out = {"eigenvalues": config.lambdas()}
-    for name, model, H, w_init, lr, steps in (
-        ("m", "softmax_attn_m", config.H_m, config.w_init_m, config.lr_m, config.steps_m),
-        ("s", "softmax_attn_s", config.H_s, config.w_init_s, config.lr_s, config.steps_s),
-    ):
-        tr = train(model, keys=keys, Lams=Lams, N=config.N, H=H, R=1, w_init=w_init, lr=lr, steps=steps,
-                   record_every=config.record_every, engine="sampled", P=config.P, rho=config.rho, reporter=reporter,
-                   label=f"{model} (P = {config.P}, {config.seeds} seeds)")
+    for name, model in MODELS.items():
+        tr = linreg.train(config.training(name), keys=keys, Lams=Lams, N=config.N, reporter=reporter,
+                          label=f"{model} (P = {config.P}, {config.seeds} seeds)")
         out[f"t_{name}"], out[f"step_{name}"], out[f"loss_{name}"] = tr.t, tr.step, tr.loss
     return out
 
@@ -122,11 +135,10 @@ register(
             "ATTN_S); lr, inits and run lengths of Fig 5 are unspecified.",
             "The curves are training losses of full-batch GD on P fixed prompts per seed (the reference code's "
             "procedure); each seed draws its own init and data.",
-            "Deviation: from Fig 1's init w_init = 1e-6 with ρ = 1, softmax ATTN_M does not always drop once. In "
-            "our paper-preset run 2 of 6 seeds wait on a second plateau near 0.41, where all heads stay nearly "
-            "identical (the small init makes W₁ rank one, eq 55, and softmax heads must break that symmetry); the "
-            "others drop once with a shoulder. With w_init = 1e-2 (quick preset) or ρ = 4, every seed we ran "
-            "(P = 1000, 6 seeds) dropped once.",
+            "Deviation: from Fig 1's init w_init = 1e-6 with ρ = 1, softmax ATTN_M does not always drop once: some "
+            "seeds of the paper preset wait on a second plateau, where all heads stay nearly identical (the small "
+            "init makes W₁ rank one, eq 55, and softmax heads must break that symmetry); the others drop once with "
+            "a shoulder. A larger init (w_init = 1e-2, the quick preset) or ρ = 4 gives one drop.",
         ],
     )
 )

@@ -7,14 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import field_validator, model_validator
 
-from iclab.engines import population
-from iclab.experiments._analysis import count_drops
+from iclab.engines import linreg, population
+from iclab.engines.linreg import LinregTraining
+from iclab.experiments._analysis import count_drops, first_rise
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_equal, check_rel
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys
-from iclab.models import linattn as models
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.progress import task
 from iclab.theory import linattn as theory
 
 
@@ -53,29 +54,31 @@ class Fig6Config(CovarianceConfig):
                 raise ValueError(f"{name} needs at least 2 inits ≤ fit_max_init = {self.fit_max_init} for the slope fit")
             if getattr(self, name)[-1] <= self.fit_max_init:
                 raise ValueError(f"the largest of {name} must exceed fit_max_init (it shows the lazy regime)")
+        for model, w_inits in (("attn_m", self.w_inits_m), ("attn_s", self.w_inits_s)):
+            for w in w_inits:
+                self.training(model, w)
         return self
+
+    def training(self, model: str, w_init: float) -> LinregTraining:
+        """Population gradient flow of ATTN_M (H_m heads) or rank-one ATTN_S (H_s heads) from the eq-34/36
+        init of scale w_init, weights recorded. The run goes to its log-spaced record times
+        (:func:`_record_times`): the spec's steps and lr set no time here."""
+        H = self.H_m if model == "attn_m" else self.H_s
+        return training_spec(model=model, engine="population", integrator="gf", H=H, w_init=w_init, lr=1.0, steps=1,
+                             rtol=self.rtol, atol=1e-12, record_params=True)
 
 
 def _record_times(t_first: float, t_max: float, n: int) -> np.ndarray:
     return np.concatenate([[0.0], np.geomspace(t_first, t_max, n)])
 
 
-def _loss_fn(model: str):
-    effective = models.effective_matrix_attn_m if model == "attn_m" else models.effective_matrix_attn_s
-    return lambda p, a: theory.population_loss(effective(p), a["Lam"], a["inv_N"])
-
-
-def _flow(model: str, config: Fig6Config, params0, Lams, t_max: float, reporter, label: str):
-    """Population gradient flow (eq 5, τ = 1 on t = Σ lr) of a batch of initial weights."""
-    loss = _loss_fn(model)
-    aux = {"Lam": Lams, "inv_N": jnp.full((Lams.shape[0],), 1.0 / config.N)}
+def _flow(spec: LinregTraining, config: Fig6Config, params0, Lams, t_max: float, reporter, label: str):
+    """Population gradient flow (eq 5, τ = 1 on t = Σ lr) of a batch of initial weights, to t_max."""
     ts = _record_times(config.t_first_record, t_max, config.n_records)
-    with reporter.task(label, len(ts) - 1) as cb:
-        return population.gradient_flow(loss, params0, aux, t_max=t_max, ts=ts, rtol=config.rtol, atol=1e-12,
-                                        record_params=True, batched=True, callback=cb)
+    return linreg.train(spec, Lams=Lams, N=config.N, params0=params0, ts=ts, reporter=reporter, label=label)
 
 
-def _crossings(model: str, config: Fig6Config, tr, Lams, level: float, reporter, label: str) -> np.ndarray:
+def _crossings(spec: LinregTraining, config: Fig6Config, tr, Lams, level: float, reporter, label: str) -> np.ndarray:
     """First time each run's loss reaches ``level``, resolved below the log-spaced record grid.
 
     The crossing is bracketed by two records [t_a, t_b]; each run is integrated again from its
@@ -90,12 +93,12 @@ def _crossings(model: str, config: Fig6Config, tr, Lams, level: float, reporter,
     a = np.where(refine, idx - 1, 0)
     dt = np.where(refine, t[np.clip(idx, 0, None)] - t[a], 0.0)
     params_a = jax.tree_util.tree_map(lambda p: jnp.asarray(np.asarray(p)[np.arange(len(a)), a]), tr.params)
-    base = _loss_fn(model)
+    base = linreg.population_objective(spec)
     aux = {"Lam": Lams, "inv_N": jnp.full((Lams.shape[0],), 1.0 / config.N), "dt": jnp.asarray(dt)}
     n_fine = 128
-    with reporter.task(label, n_fine) as cb:
+    with task(reporter, label, n_fine) as cb:
         fine = population.gradient_flow(lambda p, x: x["dt"] * base(p, x), params_a, aux, t_max=1.0,
-                                        ts=np.linspace(0.0, 1.0, n_fine + 1), rtol=config.rtol, atol=1e-12,
+                                        ts=np.linspace(0.0, 1.0, n_fine + 1), rtol=spec.rtol, atol=spec.atol,
                                         batched=True, callback=cb)
     out = np.full(len(idx), np.nan)
     out[idx == 0] = t[0]
@@ -106,30 +109,23 @@ def _crossings(model: str, config: Fig6Config, tr, Lams, level: float, reporter,
     return out
 
 
-def _sweep_params(model: str, keys, D: int, H: int, w_inits):
-    """Eq 34/36 init for every (init, seed), init-major: leaves (W·S, ...). The same unit draw per
-    seed is scaled by each w_init, so the sweep varies the scale only."""
-    per_w = [jax.vmap(lambda k: init_params(model, jax.random.fold_in(k, 1), D, H, 1, w))(keys) for w in w_inits]
+def _sweep_params(config: Fig6Config, model: str, keys, w_inits):
+    """Eq 34/36 init (:func:`iclab.engines.linreg.init_params`, key fold_in(key_s, 1)) for every (init, seed),
+    init-major: leaves (W·S, ...). The same unit draw per seed is scaled by each w_init, so the sweep
+    varies the scale only."""
+    per_w = [jax.vmap(lambda k: linreg.init_params(config.training(model, w), jax.random.fold_in(k, 1), config.D))(keys)
+             for w in w_inits]
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *per_w)
 
 
 def crossing_time(t, loss, level: float) -> float:
-    """First time the loss reaches ``level``, linearly interpolated between records (NaN if never;
-    t[0] if it starts there)."""
-    t, loss = np.asarray(t, dtype=float), np.asarray(loss, dtype=float)
-    idx = np.flatnonzero(loss <= level)
-    if idx.size == 0:
-        return float("nan")
-    i = int(idx[0])
-    if i == 0:
-        return float(t[0])
-    frac = (loss[i - 1] - level) / (loss[i - 1] - loss[i])
-    return float(t[i - 1] + frac * (t[i] - t[i - 1]))
+    """First time the loss falls to ``level``, linearly interpolated between records (NaN if never;
+    t[0] if it starts there): :func:`iclab.experiments._analysis.first_rise` of −loss."""
+    return first_rise(t, -np.asarray(loss, dtype=float), -level)
 
 
 def run_fig6(config: Fig6Config, reporter) -> dict:
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
+    keys, Lams = keys_and_covariances(config)
     S, D = config.seeds, config.D
     lam = config.lambdas()
     levels = theory.plateau_losses(lam, 1.0 / config.N)
@@ -138,7 +134,8 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
 
     Wm = len(config.w_inits_m)
     Lams_m = jnp.tile(Lams, (Wm, 1, 1))
-    tr_m = _flow("attn_m", config, _sweep_params("attn_m", keys, D, config.H_m, config.w_inits_m),
+    spec_m = config.training("attn_m", config.w_inits_m[0])
+    tr_m = _flow(spec_m, config, _sweep_params(config, "attn_m", keys, config.w_inits_m),
                  Lams_m, config.t_max_m, reporter, f"ATTN_M, {Wm} inits × {S} seeds")
     out["t_m"], out["loss_m"] = tr_m.t, tr_m.loss.reshape(Wm, S, -1)
 
@@ -148,13 +145,15 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
     small = [w for w in config.w_inits_s if w <= config.fit_max_init]
     evals, evecs = np.linalg.eigh(np.asarray(Lams[0]))
     order = np.argsort(-evals)
-    aligned = [theory.plateau_ansatz_weights(evals[order], 0, w, 1.0 / config.N, H=config.H_s, eigvecs=evecs[:, order])
+    aligned = [theory.plateau_ansatz_weights(evals[order], 0, v_next=w, inv_N=1.0 / config.N, H=config.H_s,
+                                             eigvecs=evecs[:, order])
                for w in small]
     aligned = {name: jnp.asarray(np.stack([a[i] for a in aligned])) for i, name in enumerate(("v", "k", "q"))}
     params0 = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]),
-                                     _sweep_params("attn_s", keys, D, config.H_s, config.w_inits_s), aligned)
+                                     _sweep_params(config, "attn_s", keys, config.w_inits_s), aligned)
     Lam_batch = jnp.concatenate([jnp.tile(Lams, (Ws, 1, 1)), jnp.broadcast_to(Lams[0], (len(small), D, D))])
-    tr = _flow("attn_s", config, params0, Lam_batch, config.t_max_s, reporter,
+    spec_s = config.training("attn_s", config.w_inits_s[0])
+    tr = _flow(spec_s, config, params0, Lam_batch, config.t_max_s, reporter,
                f"ATTN_S, {Ws} inits × {S} seeds + {len(small)} aligned")
     n = Ws * S
     out["t_s"] = tr.t
@@ -165,8 +164,8 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
     # Plateau times: half-way crossings of the first drop (ATTN_M: to L(M_D); ATTN_S: to L(M_1)).
     half_m = 0.5 * (levels[0] + levels[-1])
     half_s = 0.5 * (levels[0] + levels[1])
-    out["t_half_m"] = _crossings("attn_m", config, tr_m, Lams_m, half_m, reporter, "ATTN_M plateau ends").reshape(Wm, S)
-    t1 = _crossings("attn_s", config, tr, Lam_batch, half_s, reporter, "ATTN_S first plateau ends")
+    out["t_half_m"] = _crossings(spec_m, config, tr_m, Lams_m, half_m, reporter, "ATTN_M plateau ends").reshape(Wm, S)
+    t1 = _crossings(spec_s, config, tr, Lam_batch, half_s, reporter, "ATTN_S first plateau ends")
     out["t1_s"], out["t1_s_aligned"] = t1[:n].reshape(Ws, S), t1[n:]
 
     # Eq 71 with v₁(0) read off the random init: the head that has learned e₁ just after t₁.
@@ -184,7 +183,7 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
             strength = np.abs(np.asarray(tr.params["v"][b, i])) * np.abs(np.asarray(tr.params["k"][b, i, :, 0, :]) @ e1)
             head = int(np.argmax(strength))
             # Theory times are in the paper's units t/τ = 2t.
-            ratio[j, s] = 2.0 * t_first / theory.attn_s_first_plateau_time(lam[0], abs(v0[j, s, head]))
+            ratio[j, s] = 2.0 * t_first / theory.attn_s_first_plateau_time(lam1=lam[0], v1_0=abs(v0[j, s, head]))
     out["eq71_ratio_random"] = ratio
     return out
 
@@ -223,7 +222,7 @@ def checks_fig6(config: Fig6Config, r: dict) -> list:
     slope_s = _slope(np.repeat(np.log(ws[small_s])[:, None], S, axis=1), np.log(r["t1_s"][small_s]))
 
     # Eq 71 on its own domain: balanced, aligned init, v₁(0) = w_init (paper time 2t).
-    ratio71 = np.array([2.0 * t1 / theory.attn_s_first_plateau_time(lam[0], w)
+    ratio71 = np.array([2.0 * t1 / theory.attn_s_first_plateau_time(lam1=lam[0], v1_0=w)
                         for t1, w in zip(r["t1_s_aligned"], r["w_inits_s_aligned"])])
     worst71 = ratio71[np.argmax(np.abs(ratio71 - 1.0))]
 
@@ -327,7 +326,7 @@ register(
             "(v* ≈ 1.3–1.9), where the loss decays at once (lazy-like, no plateau).",
             "Eq 71 assumes the eq-20 alignment (k₁ = q₁ = v₁(0)e₁); it is checked from that init. From the random "
             "eq-36 init the first plateau still scales as 1/w_init, but t₁λ₁²|v₁(0)|/τ (v₁(0) of the head that "
-            "learns e₁) is 1.3–2.5, not 1: the misaligned k, q need extra time (shown in panel d).",
+            "learns e₁) exceeds 1: the misaligned k, q need extra time (the range is shown in panel d).",
             "Some ATTN_S seeds with H = D = 4 heads wait very long on L(M_3) (the fourth head starts far below the "
             "others); the first-plateau statistics do not depend on it.",
         ],

@@ -7,14 +7,16 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pydantic import model_validator
 
-from iclab.engines import moments, population
+from iclab.engines import linreg, moments
+from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import drop_intervals
 from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, init_params, seed_keys
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
 from iclab.models import linattn as models
 from iclab.tasks.linreg import sample_prompts
 from iclab.theory import linattn as theory
@@ -45,13 +47,30 @@ class Fig7Config(CovarianceConfig):
                          paper_note="reference Fig 1: 6001 epochs; ours run on until A is within 1e-4 of eq 25",
                          ge=1, le=10_000_000)
     steps_s: int = param(30000, "ATTN_S GD steps", paper=30000,
-                         paper_note="reference Fig 3: 10001 epochs; with H = D heads some seeds need t ≈ 4500 for the "
-                         "last drop", ge=1, le=10_000_000)
+                         paper_note="reference Fig 3: 10001 epochs; with H = D heads a head that starts tiny along e_D "
+                         "needs longer for the last drop", ge=1, le=10_000_000)
     P: int = param(80000, "training prompts of N_max + 1 tokens for the moments engine (P·N_max rows)", paper=80000,
                    paper_note="reference Fig 3 ATTN_S runs: 80000 (its default 5000); cost-free in the moments engine",
                    ge=1, le=1_000_000)
     record_every_m: int = param(20, "ATTN_M: record every this many steps", ge=1, le=1_000_000)
     record_every_s: int = param(25, "ATTN_S: record every this many steps", ge=1, le=1_000_000)
+
+    def training(self, model: str, engine: str) -> LinregTraining:
+        """ATTN_M (H_m heads) or ATTN_S (H_s heads of rank R) by GD on the exact expected next-token loss
+        (population) or on the P·N_max (prompt, position) rows (moments), weights recorded."""
+        m = model == "attn_m"
+        return training_spec(model=model, engine=engine, H=self.H_m if m else self.H_s, R=1 if m else self.R,
+                             w_init=self.w_init_m if m else self.w_init_s, lr=self.lr_m if m else self.lr_s,
+                             steps=self.steps_m if m else self.steps_s,
+                             record_every=self.record_every_m if m else self.record_every_s,
+                             P=self.P * self.N_max if engine == "moments" else None, record_params=True)
+
+    @model_validator(mode="after")
+    def _trainings(self):
+        for model in ("attn_m", "attn_s"):
+            for engine in ("population", "moments"):
+                self.training(model, engine)
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,10 +124,6 @@ def next_token_fixed_point(Lam, N_max: int, normalization: Normalization = "cont
 # ---------------------------------------------------------------------------------------------
 
 
-_EFFECTIVE = {"attn_m": models.effective_matrix_attn_m, "attn_s": models.effective_matrix_attn_s}
-_TENSOR = {"attn_m": models.tensor_attn_m, "attn_s": models.tensor_attn_s}
-
-
 def _stats(config: Fig7Config, keys, Lams):
     """Sufficient statistics of the next-token rows (P·N_max rows per seed, equal weights)."""
 
@@ -124,26 +139,22 @@ def _stats(config: Fig7Config, keys, Lams):
 
 
 def _run_model(model: str, config: Fig7Config, keys, Lams, stats, reporter) -> dict:
-    H, w_init, lr, steps, every = ((config.H_m, config.w_init_m, config.lr_m, config.steps_m, config.record_every_m)
-                                   if model == "attn_m" else
-                                   (config.H_s, config.w_init_s, config.lr_s, config.steps_s, config.record_every_s))
-    R = config.R if model == "attn_s" else 1
-    D = config.D
-    params0 = jax.vmap(lambda k: init_params(model, jax.random.fold_in(k, 1), D, H, R, w_init))(keys)
-    effective = _EFFECTIVE[model]
+    """Population GD on the exact next-token loss and moments GD on the next-token rows, from one init."""
+    spec_pop, spec_mom = config.training(model, "population"), config.training(model, "moments")
+    # The init drawn op by op (train's compiled init can differ in the last bits): the stored runs of this
+    # figure keep their numbers.
+    params0 = jax.vmap(lambda k: linreg.init_params(spec_pop, jax.random.fold_in(k, 1), config.D))(keys)
 
-    def pop_loss(p, a):
-        return next_token_population_loss(effective(p), a["Lam"], config.N_max, config.normalization)
+    def expected_loss(A, Lam):
+        return next_token_population_loss(A, Lam, config.N_max, config.normalization)
 
-    aux = {"Lam": Lams}
-    common = dict(lr=lr, n_steps=steps, record_every=every, batched=True, record_params=True)
+    common = dict(Lams=Lams, N=config.N_max, params0=params0, expected_loss=expected_loss, reporter=reporter)
     name = "ATTN_M" if model == "attn_m" else "ATTN_S"
-    with reporter.task(f"{name} population", steps) as cb:
-        pop = population.gradient_descent(pop_loss, params0, aux, callback=cb, **common)
+    pop = linreg.train(spec_pop, label=f"{name} population", **common)
     st = moments.SufficientStatistics(stats["c"], stats["m"], stats["G"], config.P * config.N_max)
-    with reporter.task(f"{name} moments (P = {config.P})", steps) as cb:
-        mom = moments.full_batch(_TENSOR[model], params0, st, metrics={"population": pop_loss}, extra=aux,
-                                 callback=cb, **common)
+    mom = linreg.train(spec_mom, stats=st, label=f"{name} moments (P = {config.P})", **common)
+    effective = spec_pop.family().effective_matrix
+
     def final_A(tr):
         return np.asarray(jax.vmap(effective)(jax.tree_util.tree_map(lambda a: a[:, -1], tr.params)))
 
@@ -153,8 +164,7 @@ def _run_model(model: str, config: Fig7Config, keys, Lams, stats, reporter) -> d
 
 
 def run_fig7(config: Fig7Config, reporter) -> dict:
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
+    keys, Lams = keys_and_covariances(config)
     stats = _stats(config, keys, Lams)
     out = {}
     for model in ("attn_m", "attn_s"):
@@ -326,9 +336,9 @@ register(
             "t = 310, against the reference's 6001, so that A converges to eq 25 along the slowest eigendirection); "
             "ATTN_S as Fig 3 (lr 0.2 ≈ reference .02 × N^{2/3}, P = 80000 as the reference's Fig 3 runs) with "
             "w_init 0.1 (unspecified) and 30000 steps (t = 6000): with H = D = 4 heads the head left for e_4 starts "
-            "tiny along it, and some seeds wait until t ≈ 4500 on L(M_3), beyond the reference's 10001 steps.",
-            "At P = 5000 one of 8 seeds tried (seed 2) has its second and third ATTN_S drops merge in the moments "
-            "engine (two heads escape together, no dwell at L(M_2)); at P = 80000 every seed tried shows D drops.",
+            "tiny along it, and some seeds wait on L(M_3) beyond the reference's 10001 steps.",
+            "At P = 5000 a seed can have its second and third ATTN_S drops merge in the moments engine (two heads "
+            "escape together, no dwell at L(M_2)); P = 80000 keeps the D drops apart.",
             "Λ eigenvalues (.4, .3, .2, .1), unrotated by default (rotation changes no curve).",
         ],
     )

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 from pydantic import field_validator, model_validator
 
+from iclab.engines import linreg
+from iclab.engines.linreg import LinregTraining, Statistics
 from iclab.experiments._analysis import count_drops, drop_tolerance
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
-from iclab.experiments.checks import check_abs, check_equal
-from iclab.experiments.linattn._common import (
-    PAPER, CovarianceConfig, Statistics, covariances, prompt_statistics, seed_keys, train,
-)
-from iclab.experiments.linattn.fig4 import (
-    PLATEAU_TOL, VISIT_DWELL, check_at_least, normalized_dwell, plateau_loss, worst_visited_plateau,
+from iclab.experiments.checks import check_abs, check_at_least, check_equal
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._rank_sweep import (
+    PLATEAU_TOL, VISIT_DWELL, normalized_dwell, plateau_loss, worst_visited_plateau,
 )
 from iclab.tasks.linreg import Spectrum
 from iclab.theory import linattn as theory
@@ -63,7 +63,20 @@ class Fig8Config(CovarianceConfig):
         for R in self.ranks_s:
             if R > self.D or R * self.H_s < self.D:
                 raise ValueError(f"each rank R must satisfy R ≤ D = {self.D} and R·H_s ≥ D (got R = {R}, H_s = {self.H_s})")
+            self.training_s(R)
+        for H in self.heads_m:
+            self.training_m(H)
         return self
+
+    def training_m(self, H: int) -> LinregTraining:
+        """ATTN_M with H heads: full-batch GD on the P prompts (moments engine)."""
+        return training_spec(model="attn_m", engine="moments", H=H, w_init=self.w_init_m, lr=self.lr_m,
+                             steps=self.steps_m, record_every=self.record_every_m, P=self.P)
+
+    def training_s(self, R: int) -> LinregTraining:
+        """ATTN_S of rank R with H_s heads: full-batch GD on the P prompts (moments engine)."""
+        return training_spec(model="attn_s", engine="moments", H=self.H_s, R=R, w_init=self.w_init_s, lr=self.lr_s,
+                             steps=self.steps_s, record_every=self.record_every_s, P=self.P)
 
 
 def run_fig8(config: Fig8Config, reporter) -> dict:
@@ -72,19 +85,16 @@ def run_fig8(config: Fig8Config, reporter) -> dict:
     Returns t_m, t_s (T,); loss_M{H}, pop_M{H}, loss_S{R}, pop_S{R} (S, T) training and exact expected
     losses; eigenvalues (D,), plateau_levels (D+1,) of eq 19 at this N.
     """
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
+    keys, Lams = keys_and_covariances(config)
     lam = config.lambdas()
-    stats = prompt_statistics(keys, Lams, config.N, config.P, method=config.statistics)
+    stats = linreg.prompt_statistics(keys, Lams, config.N, config.P, method=config.statistics)
     out = {"eigenvalues": lam, "plateau_levels": theory.plateau_losses(lam, 1.0 / config.N)}
-    common = dict(engine="moments", stats=stats, keys=keys, Lams=Lams, N=config.N, reporter=reporter)
+    common = dict(stats=stats, keys=keys, Lams=Lams, N=config.N, reporter=reporter)
     for H in config.heads_m:
-        tr = train("attn_m", H=H, w_init=config.w_init_m, lr=config.lr_m, steps=config.steps_m,
-                   record_every=config.record_every_m, label=f"ATTN_M H = {H} (moments, P = {config.P})", **common)
+        tr = linreg.train(config.training_m(H), label=f"ATTN_M H = {H} (moments, P = {config.P})", **common)
         out[f"loss_M{H}"], out[f"pop_M{H}"], out["t_m"] = tr.loss, tr.metrics["population"], tr.t
     for R in config.ranks_s:
-        tr = train("attn_s", H=config.H_s, R=R, w_init=config.w_init_s, lr=config.lr_s, steps=config.steps_s,
-                   record_every=config.record_every_s, label=f"ATTN_S R = {R} (moments, P = {config.P})", **common)
+        tr = linreg.train(config.training_s(R), label=f"ATTN_S R = {R} (moments, P = {config.P})", **common)
         out[f"loss_S{R}"], out[f"pop_S{R}"], out["t_s"] = tr.loss, tr.metrics["population"], tr.t
     return {k: np.asarray(v) for k, v in out.items()}
 

@@ -4,13 +4,19 @@ E(y_q zᵀ)E(zzᵀ)⁻¹ at the end (≈ vec(Λ⁻¹) as N → ∞); the eq-55 c
 from __future__ import annotations
 
 import numpy as np
+from pydantic import model_validator
 
+from iclab.engines import linreg
+from iclab.engines.linreg import Engine, LinregTraining
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, covariances, seed_keys, train
+from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
 from iclab.theory import linattn as theory
+
+#: (array name, model, engine) of the Fig 1 runs re-run with their weights recorded.
+RUNS = (("sampled", "attn_m", "sampled"), ("mlp", "mlp", "sampled"), ("population", "attn_m", "population"))
 
 
 class Fig9Config(CovarianceConfig):
@@ -26,6 +32,21 @@ class Fig9Config(CovarianceConfig):
     record_every: int = param(10, "record the weights every this many steps", ge=1, le=1_000_000)
     plateau_frac: float = param(0.5, "the plateau snapshot is taken at this fraction of the time the population "
                                 "loss takes to fall half-way to L(M_D)", gt=0, lt=1)
+
+    def training(self, model: str, engine: Engine, *, lr_factor: int = 1) -> LinregTraining:
+        """The Fig 1 run of one model by one engine, weights recorded; ``lr_factor`` k runs lr/k for k times
+        the steps (the same time), recording the end only when k > 1."""
+        return training_spec(model=model, engine=engine, H=self.H, w_init=self.w_init, lr=self.lr / lr_factor,
+                             steps=lr_factor * self.steps,
+                             record_every=self.record_every if lr_factor == 1 else lr_factor * self.steps,
+                             P=self.P if engine == "sampled" else None, record_params=True)
+
+    @model_validator(mode="after")
+    def _trainings(self):
+        for _, model, engine in RUNS:
+            self.training(model, engine)
+        self.training("attn_m", "population", lr_factor=2)
+        return self
 
 
 def _rows(U) -> np.ndarray:
@@ -56,15 +77,11 @@ def conserved_drift(v, U) -> np.ndarray:
 def run_fig9(config: Fig9Config, reporter) -> dict:
     """The Fig 1 run (sampled ATTN_M and MLP, same init and data) and the exact population run,
     weights recorded; plus population GD at lr/2 over the same time for the conservation law."""
-    keys = seed_keys(config)
-    Lams = covariances(config, keys)
-    common = dict(keys=keys, Lams=Lams, N=config.N, H=config.H, w_init=config.w_init, record_params=True,
-                  reporter=reporter)
+    keys, Lams = keys_and_covariances(config)
+    common = dict(keys=keys, Lams=Lams, N=config.N, reporter=reporter)
     out = {"Lam": np.asarray(Lams)}
-    for name, model, engine in (("sampled", "attn_m", "sampled"), ("mlp", "mlp", "sampled"),
-                                ("population", "attn_m", "population")):
-        tr = train(model, engine=engine, P=config.P, lr=config.lr, steps=config.steps, record_every=config.record_every,
-                   label=f"{engine} {model}", **common)
+    for name, model, engine in RUNS:
+        tr = linreg.train(config.training(model, engine), label=f"{engine} {model}", **common)
         out[f"{name}_t"] = tr.t
         out[f"{name}_loss"] = tr.metrics.get("population", tr.loss)
         if model == "mlp":
@@ -72,8 +89,8 @@ def run_fig9(config: Fig9Config, reporter) -> dict:
         else:
             out[f"{name}_U"], out[f"{name}_v"] = tr.params["U"], tr.params["v"]
     out["population_drift"] = conserved_drift(out["population_v"], out["population_U"])
-    half = train("attn_m", engine="population", lr=config.lr / 2, steps=2 * config.steps,
-                 record_every=2 * config.steps, label="population attn_m, lr/2", **common)
+    half = linreg.train(config.training("attn_m", "population", lr_factor=2), label="population attn_m, lr/2",
+                        **common)
     out["population_half_lr_drift"] = conserved_drift(half.params["v"], half.params["U"])
     return out
 
