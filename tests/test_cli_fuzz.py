@@ -43,7 +43,13 @@ VALID = {"w_init": st.floats(1e-7, 1.0).map(repr), "lr": st.floats(1e-4, 1.0).ma
 valid_key = st.sampled_from(sorted(VALID))
 valid_assignment = valid_key.flatmap(lambda k: VALID[k].map(lambda v: f"{k}={v}"))
 valid_grid = valid_key.flatmap(lambda k: st.lists(VALID[k], min_size=1, max_size=3).map(lambda vs: f"{k}={','.join(vs)}"))
-assignments = st.one_of(valid_assignment, valid_assignment, valid_assignment,
+# Non-finite numbers and booleans given for numeric fields: always rejected (issue 19).
+NUMERIC = sorted(k for k in VALID if k not in ("population_method", "rotate"))
+bad_numbers = st.tuples(st.sampled_from(NUMERIC + ["eigenvalues"]),
+                        st.sampled_from(["NaN", "Infinity", "-Infinity", "true", "false", "[0.4,NaN,0.2,0.1]",
+                                         "[0.4,Infinity,0.2,0.1]", "[true,0.3,0.2,0.1]", "1e309"])
+                        ).map(lambda kv: f"{kv[0]}={kv[1]}")
+assignments = st.one_of(valid_assignment, valid_assignment, valid_assignment, bad_numbers,
                         st.tuples(keys, value_texts).map(lambda kv: f"{kv[0]}={kv[1]}"), st.text(max_size=12))
 grid_options = st.one_of(
     valid_grid, valid_grid, valid_grid,
@@ -84,7 +90,15 @@ def check_outcome(rc: int, err: str, root: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
         assert not root.exists() or not any(root.iterdir()), "a rejected config wrote something"
     else:
-        assert list(root.glob(f"{EXP}-*/metrics.json")), "an accepted config stored nothing"
+        stored = list(root.glob(f"{EXP}-*/config.json"))
+        assert stored, "an accepted config stored nothing"
+        fields = get_experiment(EXP).config.model_fields
+        for path in stored:
+            for name, value in json.loads(path.read_text())["config"].items():
+                values = value if isinstance(value, list) else [value]
+                assert all(not isinstance(v, float) or np.isfinite(v) for v in values), (name, value)
+                if fields[name].annotation is not bool:
+                    assert not any(isinstance(v, bool) for v in values), (name, value)
 
 
 @FUZZ

@@ -8,6 +8,7 @@ User errors print one line and exit 2; a failing check (or a diverged or failed 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -125,7 +126,7 @@ def run_cmd(
                             on_wait=lambda: print("another process is computing this run: waiting for it",
                                                   file=sys.stderr))
     if as_json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(_json(result.as_dict(), indent=2))
     elif result.status == "diverged":
         how = "stored result" if result.reused else f"ran {result.wall_s:.1f} s"
         out.print(f"[red]diverged[/red]: {result.diverged['message']} ({how})")
@@ -183,7 +184,7 @@ def sweep_cmd(
         rows = [{"values": p.values, "config_hash": p.digest,
                  "stored": store.finished(exp.id, p.digest) is not None} for p in points]
         if as_json:
-            print(json.dumps({"experiment": exp.id, "preset": preset, "points": rows}, indent=2))
+            print(_json({"experiment": exp.id, "preset": preset, "points": rows}, indent=2))
             return
         table = Table("point", "config hash", "stored", title=f"{exp.id} ({preset}): {len(points)} points")
         for p, r in zip(points, rows):
@@ -194,7 +195,7 @@ def sweep_cmd(
                        address=address, workers=workers, retries=retries, force=force,
                        checkpoint_every=checkpoint_every, progress=default_sweep_progress())
     if as_json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(_json(result.as_dict(), indent=2))
     else:
         table = Table("point", "status", "checks", "wall", "result", title=f"{result.experiment} ({preset}), {executor}")
         for r in result.points:
@@ -236,7 +237,7 @@ def runs_cmd(
     if as_json:
         for r in rows:
             r["config"] = json.loads(r["config"]) if r.get("config") else None
-        print(json.dumps(rows, indent=2))
+        print(_json(rows, indent=2))
         return
     table = Table("id", "experiment", "hash", "preset", "status", "checks", "wall", "started", "error")
     for r in rows:
@@ -401,6 +402,21 @@ def _known_experiment(experiment: str) -> None:
 def _warn_damaged(path: Path, problems: list[str]) -> None:
     print(f"warning: skipping the damaged run {path.name}: {'; '.join(problems)} (`iclab verify` lists them)",
           file=sys.stderr)
+
+
+def _json(obj, indent: int = 2) -> str:
+    """Strict JSON (no bare NaN or Infinity, which JSON parsers reject): non-finite numbers become null."""
+
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
 
 
 def _fmt(x) -> str:

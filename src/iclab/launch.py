@@ -337,7 +337,31 @@ def resolve_config(exp_id: str, preset: str = "quick", overrides: dict | None = 
             exp.preflight(config)
         except ValueError as err:
             raise UserError(f"{exp_id}: {err}") from None
+    if exp.memory is not None:
+        need, what = exp.memory(config)
+        limit = memory_limit()
+        if need > limit:
+            raise UserError(f"{exp_id}: this config needs about {need / 2**30:.1f} GiB for {what}, more than the "
+                            f"limit of {limit / 2**30:.1f} GiB (ICLAB_MEMORY_LIMIT_GB, default 80 % of this machine's "
+                            "memory): make it smaller")
     return exp, config
+
+
+def memory_limit() -> float:
+    """The memory (bytes) a run may plan to use: ``ICLAB_MEMORY_LIMIT_GB`` GiB, else 80 % of physical memory."""
+    env = os.environ.get("ICLAB_MEMORY_LIMIT_GB")
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise UserError(f"ICLAB_MEMORY_LIMIT_GB must be a number of GiB (got {shorten(env)})") from None
+        if not value > 0 or value == float("inf"):
+            raise UserError(f"ICLAB_MEMORY_LIMIT_GB must be > 0 and finite (got {shorten(env)})")
+        return value * 2**30
+    try:
+        return 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return float("inf")
 
 
 def checkpoint_settings(every: int | None = None, seconds: float | None = None) -> tuple[int | None, float | None]:

@@ -37,6 +37,9 @@ class Experiment:
         preflight: ``preflight(config)`` raises ValueError (one line) when what the run needs
             outside the config is missing (local model weights, data files); called before
             anything is stored (optional).
+        memory: ``memory(config) -> (bytes, what)``: an estimate of the run's largest memory need and
+            what it is (e.g. "the P·N·D float64 prompts"), checked against the memory limit before
+            anything runs (optional; see :func:`iclab.launch.memory_limit`).
     """
 
     id: str
@@ -52,6 +55,7 @@ class Experiment:
     runtime: dict[str, str] = field(default_factory=dict)
     grid: dict[str, list] | None = None
     preflight: Callable | None = None
+    memory: Callable | None = None
 
     def resolve(self, preset: str, overrides: dict | None = None) -> ExperimentConfig:
         """The config of a preset with field overrides applied (validated).
