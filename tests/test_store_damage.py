@@ -331,12 +331,22 @@ def test_a_full_tmpfs_is_one_line_and_a_rerun_succeeds_once_space_is_freed(tmpfs
     (["runs", "--limit", "0"], "--limit must be ≥ 1"),
     (["runs", "--limit", "-1"], "--limit must be ≥ 1"),
     (["runs", "--experiment", "nope.fig9"], "unknown experiment"),
+    (["run", "linattn.fig1", "--set", "N=100000"], "needs about"),  # within N's bounds, but P·N·D is too large
 ])
 def test_bad_values_and_options_are_one_line_exit_2(args, fragment, tmp_path):
     rc, _, err = cli(*args, "--results" if args[0] == "runs" else "--out", tmp_path / "r")
     assert rc == 2
     one_line(err, fragment)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_memory_limit_can_be_set(tmp_path):
+    rc, _, err = cli("run", "linattn.fig1", "--set", "P=200", "--out", tmp_path, env={"ICLAB_MEMORY_LIMIT_GB": "0.0001"})
+    assert rc == 2
+    one_line(err, "needs about", "ICLAB_MEMORY_LIMIT_GB")
+    rc, _, err = cli("run", "linattn.fig1", "--out", tmp_path, env={"ICLAB_MEMORY_LIMIT_GB": "lots"})
+    assert rc == 2
+    one_line(err, "ICLAB_MEMORY_LIMIT_GB must be a number")
 
 
 def test_a_long_value_is_cut_in_the_message(tmp_path):

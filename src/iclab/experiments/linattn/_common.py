@@ -74,6 +74,21 @@ def covariances(config: CovarianceConfig, keys: jax.Array) -> jax.Array:
     return jnp.stack([covariance(lam, jax.random.fold_in(k, 7)) for k in keys])
 
 
+def prompts_memory(config) -> tuple[float, str]:
+    """The largest memory of a run that trains on P prompts held at once (the sampled engine): the float64
+    prompts, P·(N+1)·(D+1) per seed, and the per-head scores, P·(N+1)·H, times 4 for the forward values and
+    gradients autodiff keeps (an upper estimate, checked before anything runs: ``Experiment.memory``).
+
+    Args:
+        config: a linattn config with seeds, P, N, D (and H, or H_m for two-model figures).
+    Returns:
+        (bytes, what they are).
+    """
+    H = getattr(config, "H", None) or getattr(config, "H_m", 1)
+    need = 8.0 * 4 * config.seeds * config.P * (config.N + 1) * (config.D + 1 + H)
+    return need, f"the P·(N+1)·(D+1+H) float64 prompts, scores and gradients of {config.seeds} seed(s)"
+
+
 def training_spec(**fields) -> LinregTraining:
     """A :class:`LinregTraining` from a figure config's fields; a combination it refuses is a one-line
     ValueError, which a config's validator turns into its own validation error.

@@ -14,7 +14,13 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._common import (
+    PAPER,
+    CovarianceConfig,
+    keys_and_covariances,
+    prompts_memory,
+    training_spec,
+)
 from iclab.theory import linattn as theory
 
 MODELS = ("attn_m", "mlp")
@@ -154,5 +160,6 @@ register(
             "Dashed lines: L(M₀) = trΛ and L(M_D) (eq 19 with m = D; 0.13600 at the defaults).",
             "The sampled panel shows the training loss; the drop count and plateau check use the population loss of the sampled weights (an exact function of the weights, free of the O(1/√P) offset of the empirical loss).",
         ],
+        memory=prompts_memory,
     )
 )

@@ -15,7 +15,13 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._common import (
+    PAPER,
+    CovarianceConfig,
+    keys_and_covariances,
+    prompts_memory,
+    training_spec,
+)
 from iclab.models import linattn as models
 from iclab.tasks.linreg import fixed_task_vector, sample_mixture_prompts, sample_prompts
 from iclab.theory import linattn as theory
@@ -337,5 +343,6 @@ register(
             "w_init 3e-5 and lr 0.0155 are the reference's --init 1e-6 and --lr 5e-4 mapped to the paper's model with "
             "1/N (weights ×√N, lr ×N, same step axis); 5000 steps, the x-range of the reference notebook's plot.",
         ],
+        memory=prompts_memory,
     )
 )

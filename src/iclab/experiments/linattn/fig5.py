@@ -12,7 +12,13 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_least, check_at_most, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._common import (
+    PAPER,
+    CovarianceConfig,
+    keys_and_covariances,
+    prompts_memory,
+    training_spec,
+)
 
 MODELS = {"m": "softmax_attn_m", "s": "softmax_attn_s"}
 
@@ -140,5 +146,6 @@ register(
             "init makes W₁ rank one, eq 55, and softmax heads must break that symmetry); the others drop once with "
             "a shoulder. A larger init (w_init = 1e-2, the quick preset) or ρ = 4 gives one drop.",
         ],
+        memory=prompts_memory,
     )
 )

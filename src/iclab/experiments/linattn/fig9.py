@@ -12,7 +12,13 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._common import (
+    PAPER,
+    CovarianceConfig,
+    keys_and_covariances,
+    prompts_memory,
+    training_spec,
+)
 from iclab.theory import linattn as theory
 
 #: (array name, model, engine) of the Fig 1 runs re-run with their weights recorded.
@@ -224,5 +230,6 @@ register(
             "Plateau snapshot: half-way (plateau_frac) through the time the population loss takes to fall half-way "
             "from L(M₀) to L(M_D).",
         ],
+        memory=prompts_memory,
     )
 )
