@@ -3,6 +3,7 @@ curves and fail when a claim is broken), and one tiny run through run -> checks 
 
 import matplotlib
 import numpy as np
+import pydantic
 import pytest
 
 from iclab.experiments.gating import _common as C
@@ -23,10 +24,10 @@ def test_half_gate_weights_are_products_of_later_gates():
 
 def test_padded_correlation_keeps_the_last_samples_of_each_block():
     n_max, nb = 4, 2
-    R, r = C.padded_correlation(n_max, nb, 0.2, 0.8)
+    R, r = C.padded_correlation(n_max, nb, r1=0.2, r2=0.8)
     keep = np.nonzero(C.sample_masks(n_max, [nb])[0])[0]
     assert keep.tolist() == [2, 3, 6, 7]
-    R0, r0 = theory.two_task_correlation(nb, 0.2, 0.8)
+    R0, r0 = theory.two_task_correlation(nb, r1=0.2, r2=0.8)
     assert np.array_equal(R[np.ix_(keep, keep)], R0) and np.array_equal(r[keep], r0)
     assert not R[np.ix_([0, 1, 4, 5], range(8))].any() and not r[[0, 1, 4, 5]].any()
 
@@ -41,7 +42,7 @@ def test_theory_refs_classes_meet_their_closed_forms():
     assert np.allclose(refs["E_scalar"][3], refs["eq24"][3], rtol=1e-10)
     # the stored predictors attain the stored risks on the exact risk eq 37 (padded slots carry ω = 0)
     i, g = 1, 2
-    R, r = C.padded_correlation(3, 3, *fig1.PANELS[i])
+    R, r = C.padded_correlation(3, 3, r1=fig1.PANELS[i][0], r2=fig1.PANELS[i][1])
     for cls in C.REF_CLASSES:
         E = theory.wpgd_risk(refs[f"P_{cls}"][i, g], refs[f"omega_{cls}"][i, g], np.eye(d), R, r, 0.0)
         assert float(E) == pytest.approx(refs[f"E_{cls}"][i, g], rel=1e-10)
@@ -58,9 +59,23 @@ def test_wpgd_predict_is_eq_7():
 def test_restarts_repeat_the_gated_models_in_restart_panels_only():
     cfg = fig1.Fig1Config(panels=["a", "d"], vector_panels=["d"], restarts=3, restart_panels=["d"])
     models = fig1._models(cfg)
-    assert models["linatt"][1] == (0, 1) and models["gla_wo"][1] == (0, 1)
-    assert models["gla"][1] == (0, 1, 1, 1)
-    assert models["gla_vector"][1] == (1, 1, 1)
+    assert models["linatt"].panels == (0, 1) and models["gla_wo"].panels == (0, 1)
+    assert models["gla"].panels == (0, 1, 1, 1)
+    assert models["gla_vector"].panels == (1, 1, 1)
+    # member ids: distinct, and a function of (kind, panel, restart, n̄) only, not of the other kinds trained
+    ids = np.concatenate([C.member_ids(k, cfg.panel_values(), cfg.n_bars).ravel() for k in models.values()])
+    assert np.unique(ids).size == ids.size
+    alone = fig1._models(fig1.Fig1Config(**(cfg.model_dump() | {"models": ["gla_vector"], "panels": ["d"]})))
+    np.testing.assert_array_equal(C.member_ids(alone["gla_vector"], [fig1.PANELS[3]], cfg.n_bars),
+                                  C.member_ids(models["gla_vector"], cfg.panel_values(), cfg.n_bars))
+
+
+@pytest.mark.parametrize("models, message", [(["gla", "nope"], "models must be distinct names among"),
+                                             (["gla_multilayer"], "models must be distinct names among"),
+                                             (["gla", "gla"], "models must be distinct")])
+def test_models_are_registered_families_with_a_closed_form(models, message):
+    with pytest.raises(pydantic.ValidationError, match=message):
+        fig1.Fig1Config(models=models)
 
 
 def test_best_run_ignores_untrained_entries():

@@ -315,3 +315,71 @@ def test_delimiter_prompt_layout_and_errors():
         gla.delimiter_prompt(X, y, x, [2, 2], contexts)
     with pytest.raises(ValueError, match="K \\+ 1"):
         gla.delimiter_prompt(X, y, x, [2, 3], contexts[:2])
+
+
+@pytest.mark.parametrize("name, kind, head", [("linatt", "none", False), ("gla", "scalar", False),
+                                              ("gla_wo", "scalar", False), ("gla_vector", "vector", True)])
+def test_registered_families_init_and_predict(name, kind, head):
+    from iclab.models import get_model, model_families
+
+    family = get_model(name)
+    assert name in model_families(gla.PLAIN if name == "gla_wo" else gla.DELIMITED)
+    D, d = 6, 3
+    params = family.init(jax.random.PRNGKey(0), D=D, std=0.3, dtype=jnp.float32)
+    assert gla.gating(params) == kind and ("h" in params) == head
+    assert all(a.dtype == jnp.float32 for a in params.values())
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
+    Z = jax.random.normal(jax.random.PRNGKey(1), (4, 7, D))
+    mask = jnp.asarray([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    want = gla.predict(params, Z, mask, label=d, form="recurrent")
+    assert rel(family.predict(params, Z, mask, label=d), want) < TOL
+
+
+def test_multilayer_family_and_init_statistics():
+    from iclab.models import get_model
+
+    family = get_model("gla_multilayer")
+    D, d, std = 5, 2, 0.3
+    layers = family.init(jax.random.PRNGKey(2), D=D, layers=3, std=std)
+    assert len(layers) == 3 and all(gla.gating(p) == "scalar" and "h" not in p for p in layers)
+    assert not np.allclose(layers[0]["Wq"], layers[1]["Wq"])  # each layer its own draw
+    Z = jax.random.normal(jax.random.PRNGKey(3), (2, 6, D))
+    assert rel(family.predict(layers, Z, None, label=d), gla.predict_multilayer(layers, Z, label=d, form="recurrent")) < 1e-10
+    # N(0, std²) entries: one layer of a big model, mean and variance within 5 standard errors
+    flat = np.concatenate([np.ravel(a) for a in gla.init_params(jax.random.PRNGKey(4), 40, "vector", head=True,
+                                                                std=std).values()])
+    assert abs(flat.mean()) < 5 * std / np.sqrt(flat.size)
+    assert abs(flat.var() / std**2 - 1) < 5 * np.sqrt(2 / flat.size)
+    with pytest.raises(ValueError, match="layers"):
+        gla.init_multilayer(jax.random.PRNGKey(0), D, 0)
+
+
+@pytest.mark.parametrize("B, T, D", [(1, 4, 3), (3, 9, 5)])
+@pytest.mark.parametrize("shared", [True, False])
+def test_parallel_one_value_column_and_shared_gates(B, T, D, shared):
+    """Scalar gates with ONE value column (the sum taken as q_iᵀ Σ_j W_ij v_j k_j) and gates shared by the batch
+    ((T,) log gates, e.g. a constant forget factor) against the naive loop: outputs and gradients w.r.t. Q, K, V
+    and the log gates."""
+    rng = np.random.default_rng(B * 10 + T)
+    Q, K = (jnp.asarray(rng.normal(size=(B, T, D))) for _ in range(2))
+    V = jnp.asarray(rng.normal(size=(B, T, 1)))
+    lg = jnp.asarray(np.log(rng.uniform(0.3, 1.0, size=(T,) if shared else (B, T))))
+    G = np.broadcast_to(np.exp(np.asarray(lg))[..., None, None], (B, T, 1, 1))
+    ref = np.stack([naive_gla(Q[b], K[b], V[b], G[b]) for b in range(B)])
+    W = jnp.asarray(rng.normal(size=(B, T, 1)))
+
+    @jax.jit
+    def both(Q, K, V, lg):
+        def loss(Q, K, V, lg, form):
+            if form == "parallel":
+                return jnp.sum(jnp.sin(gla.parallel(Q, K, V, lg, "scalar")) * W)
+            g = jnp.broadcast_to(jnp.exp(lg)[..., None, None], (B, T, 1, 1))
+            return jnp.sum(jnp.sin(gla.recurrent(Q, K, V, g)) * W)
+
+        return gla.parallel(Q, K, V, lg, "scalar"), {f: jax.grad(loss, argnums=(0, 1, 2, 3))(Q, K, V, lg, f)
+                                                      for f in ("parallel", "recurrent")}
+
+    out, grads = both(Q, K, V, lg)
+    assert out.shape == (B, T, 1) and rel(out, ref) < TOL
+    for a, b in zip(grads["parallel"], grads["recurrent"]):
+        assert rel(a, b) < 1e-11

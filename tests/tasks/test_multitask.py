@@ -1,4 +1,5 @@
-"""Correlated multitask prompts (gating paper, Defs 1-2, Sec 5.1): moments by Monte Carlo, layout, validation."""
+"""Correlated multitask prompts (gating paper, Defs 1-2, Sec 5.1): moments by Monte Carlo, layout, validation of
+the joint task correlation and its factor."""
 
 import jax
 import numpy as np
@@ -53,18 +54,40 @@ def test_two_task_prompts_of_app_b1():
     np.testing.assert_allclose(np.asarray(pr.y), np.einsum("nid,nid->ni", np.asarray(pr.x), tasks[:, owner]), atol=1e-12)
     np.testing.assert_allclose(np.asarray(pr.y_query), np.einsum("nd,nd->n", np.asarray(pr.x_query), beta), atol=1e-12)
     # the sample-level (R, r) of eq 12 are those of the theory module
-    R, r = theory.two_task_correlation(n_bar, r1, r2)
+    R, r = theory.two_task_correlation(n_bar, r1=r1, r2=r2)
     per = np.concatenate([tasks[:, owner], beta[:, None]], 1)
     assert np.max(_gram_z(per, np.block([[R, r[:, None]], [r[None], np.ones((1, 1))]]))) < 4.5
 
 
 def test_two_task_factor_and_singular_case():
-    L = mt.two_task_factor(0.6, 0.8)  # r₁² + r₂² = 1: β is exactly 0.6β₁ + 0.8β₂
+    L = mt.two_task_factor(r1=0.6, r2=0.8)  # r₁² + r₂² = 1: β is exactly 0.6β₁ + 0.8β₂
     np.testing.assert_allclose(L @ L.T, [[1, 0, 0.6], [0, 1, 0.8], [0.6, 0.8, 1]], atol=1e-12)
     pr = mt.sample_blocks(jax.random.PRNGKey(3), 5, [2, 2], L, None, 0.0, d=3)
     np.testing.assert_allclose(pr.beta, 0.6 * pr.tasks[:, 0] + 0.8 * pr.tasks[:, 1], atol=1e-12)
     with pytest.raises(ValueError, match="positive semidefinite"):
-        mt.two_task_factor(0.8, 0.8)
+        mt.two_task_factor(r1=0.8, r2=0.8)
+
+
+def test_task_correlation_factor_handles_singular_C():
+    R, r = theory.two_task_correlation(3, r1=0.6, r2=0.8)  # r₁² + r₂² = 1: C is singular (rank 2)
+    L = mt.task_correlation_factor(R, r)
+    C = np.block([[R, r[:, None]], [r[None, :], np.ones((1, 1))]])
+    np.testing.assert_allclose(L @ L.T, C, atol=1e-12)
+    np.testing.assert_allclose(L, L.T, atol=0)  # the symmetric square root
+
+
+@pytest.mark.parametrize("R, r, message", [
+    (np.ones((2, 3)), np.zeros(2), "R must be a square"),
+    (np.eye(2), np.zeros(3), "r must have shape (2,)"),
+    (np.array([[1.0, 0.2], [0.3, 1.0]]), np.zeros(2), "R must be symmetric"),
+    (np.array([[1.0, 0.2], [0.2, 0.5]]), np.zeros(2), "R must have unit diagonal"),
+    (np.eye(2), np.array([0.0, 1.5]), "r entries must lie in [-1, 1]"),
+    (np.array([[1.0, 0.9], [0.9, 1.0]]), np.array([0.9, -0.9]), "must be positive semidefinite"),
+])
+def test_joint_correlation_rejects_invalid(R, r, message):
+    with pytest.raises(ValueError) as err:
+        mt.joint_task_correlation(R, r)
+    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_padding_and_take_blocks_agree():

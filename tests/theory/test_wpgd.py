@@ -105,18 +105,11 @@ def test_risk_eq37_matches_monte_carlo_on_multitask_prompts():
     beta = r1 * tasks[:, 0] + r2 * tasks[:, 1] + np.sqrt(1 - r1**2 - r2**2) * rng.standard_normal((N_MC, d))
     betas = np.concatenate([np.repeat(tasks, n_bar, axis=1), beta[:, None]], axis=1)
     mean, se = mc_risk(P, omega, Sigma, betas, sigma2, rng, rao_blackwell=True)
-    R, r = W.two_task_correlation(n_bar, r1, r2)
+    R, r = W.two_task_correlation(n_bar, r1=r1, r2=r2)
     L = float(W.wpgd_risk(P, omega, Sigma, R, r, sigma2))
     assert abs(mean - L) < 3 * se, (mean, se, L)
     for name, wrong in plausible_wrong_risks(P, omega, Sigma, R, r, sigma2).items():
         assert abs(wrong - L) > 6 * se, (name, wrong, L, se)
-
-
-def test_task_correlation_factor_handles_singular_C():
-    R, r = W.two_task_correlation(3, 0.6, 0.8)  # r₁² + r₂² = 1: C is singular (rank 2)
-    L = W.task_correlation_factor(R, r)
-    C = np.block([[R, r[:, None]], [r[None, :], np.ones((1, 1))]])
-    np.testing.assert_allclose(L @ L.T, C, atol=1e-12)
 
 
 # --------------------------------------------------------------- gradients (40)-(41) vs autodiff
@@ -202,9 +195,9 @@ def test_isotropic_case_cor1_and_eq17():
     np.testing.assert_allclose(opt.P, opt.P[0, 0] * np.eye(d), atol=1e-13)
     w_cor1 = np.linalg.solve(R + (d + sigma2 + 1) * np.eye(n), r)
     np.testing.assert_allclose(opt.omega / np.linalg.norm(opt.omega), w_cor1 / np.linalg.norm(w_cor1), atol=1e-12)
-    np.testing.assert_allclose(opt.risk, W.wpgd_optimal_risk_isotropic(R, r, d, sigma2), rtol=1e-12)
+    np.testing.assert_allclose(opt.risk, W.wpgd_optimal_risk_isotropic(d, R, r, sigma2), rtol=1e-12)
     num = W.wpgd_numerical_minimum(Sigma, R, r, sigma2, n_restarts=4, seed=1)
-    np.testing.assert_allclose(W.wpgd_optimal_risk_isotropic(R, r, d, sigma2), num.risk, rtol=1e-8)
+    np.testing.assert_allclose(W.wpgd_optimal_risk_isotropic(d, R, r, sigma2), num.risk, rtol=1e-8)
 
 
 @pytest.mark.parametrize("seed", [30, 31])
@@ -213,7 +206,7 @@ def test_printed_eq15_preconditioner_is_not_stationary(seed):
     d, n, sigma2 = 4, 6, 0.3
     Sigma, R, r, _ = random_problem(seed, d, n, sigma2, spread=1.0)
     opt = W.wpgd_optimum(Sigma, R, r, sigma2)
-    P_printed = W.optimal_preconditioner_as_printed(Sigma, opt.gamma, sigma2)
+    P_printed = W.optimal_preconditioner_as_printed(Sigma, gamma=opt.gamma, sigma2=sigma2)
     t, risk_printed = W.optimal_scale(P_printed, opt.omega, Sigma, R, r, sigma2)
     gP = jax.grad(W.wpgd_risk)(jnp.asarray(t * P_printed), jnp.asarray(opt.omega), Sigma, R, r, sigma2)
     assert np.max(np.abs(gP)) > 1e-3
@@ -229,7 +222,8 @@ def test_printed_eq15_preconditioner_is_not_stationary(seed):
     # Control: for Σ = cI the printed form is the corrected one up to scale, hence optimal.
     Sc = 2.5 * np.eye(d)
     optc = W.wpgd_optimum(Sc, R, r, sigma2)
-    _, risk_c = W.optimal_scale(W.optimal_preconditioner_as_printed(Sc, optc.gamma, sigma2), optc.omega, Sc, R, r, sigma2)
+    _, risk_c = W.optimal_scale(W.optimal_preconditioner_as_printed(Sc, gamma=optc.gamma, sigma2=sigma2), optc.omega, Sc,
+                                R, r, sigma2)
     np.testing.assert_allclose(risk_c, optc.risk, rtol=1e-12)
 
 
@@ -273,7 +267,7 @@ def test_eq16_contraction_bound_and_convergence():
 
 
 def test_spectral_gap_uses_nonzero_eigenvalues():
-    R, _ = W.two_task_correlation(4, 0.0, 1.0)  # eigenvalues {4, 4, 0, ..., 0}
+    R, _ = W.two_task_correlation(4, r1=0.0, r2=1.0)  # eigenvalues {4, 4, 0, ..., 0}
     dS, dR = W.spectral_gaps(np.diag([1.0, 3.0]), R)
     assert dS == pytest.approx(2.0) and dR == pytest.approx(0.0, abs=1e-12)
     # (16) can fail: Δ_Σ Δ_R = 20·(1.9 − 0.1) = 36 ≥ M + s_min = 20.3
@@ -289,7 +283,7 @@ def test_eq24_equals_eq37_at_omega_one():
     _, R, r, _ = random_problem(60, d, n, sigma2)
     c = r.sum() / (n * (d + sigma2 + 1) + R.sum())  # Cor 2's P* = cI
     L37 = float(W.wpgd_risk(c * np.eye(d), np.ones(n), np.eye(d), R, r, sigma2))
-    np.testing.assert_allclose(W.linear_attention_risk_isotropic(R, r, d, sigma2), L37, rtol=1e-12)
+    np.testing.assert_allclose(W.linear_attention_risk_isotropic(d, R, r, sigma2), L37, rtol=1e-12)
     np.testing.assert_allclose(W.linear_attention_risk(np.eye(d), R, r, sigma2), L37, rtol=1e-12)
     # general Σ: closed form min_P L(P, 1) against L-BFGS over (P, ω ∝ 1)
     Sigma, R, r, sigma2 = random_problem(61, d, n, sigma2)
@@ -313,14 +307,14 @@ TABLE_WPGD[(0.5, 0.5)] = TABLE_ATT  # (.5,.5): WPGD = ATT = GLA
 def test_experiment_table(r1, r2):
     d, sigma2, Sigma = 10, 0.0, np.eye(10)
     for k, n_bar in enumerate(N_BARS):
-        R, r = W.two_task_correlation(n_bar, r1, r2)
+        R, r = W.two_task_correlation(n_bar, r1=r1, r2=r2)
         wpgd, att = TABLE_WPGD[(r1, r2)][k], TABLE_ATT[k]
         gla = wpgd if r1 <= r2 else att  # Thm 4 / spec §4: scalar GLA = WPGD iff r₁ ≤ r₂
         got = {
-            "eq17": W.wpgd_optimal_risk_isotropic(R, r, d, sigma2),
+            "eq17": W.wpgd_optimal_risk_isotropic(d, R, r, sigma2),
             "wpgd": W.wpgd_optimal_risk(Sigma, R, r, sigma2),
             "vector": W.vector_gating_optimum(Sigma, R, r, sigma2, [n_bar] * 2).risk,
-            "eq24": W.linear_attention_risk_isotropic(R, r, d, sigma2),
+            "eq24": W.linear_attention_risk_isotropic(d, R, r, sigma2),
             "att": W.linear_attention_risk(Sigma, R, r, sigma2),
             "eq22": W.scalar_gating_optimum(Sigma, R, r, sigma2, [n_bar] * 2).risk,
         }
@@ -334,15 +328,15 @@ def test_experiment_table(r1, r2):
 
 def test_eq22_two_tasks_against_numerical_constrained_minimum():
     d, n_bar, sigma2, Sigma = 10, 3, 0.0, np.eye(10)
-    R, r = W.two_task_correlation(n_bar, 0.8, 0.2)
+    R, r = W.two_task_correlation(n_bar, r1=0.8, r2=0.2)
     eq22 = W.scalar_gating_optimum(Sigma, R, r, sigma2, [n_bar] * 2)
-    np.testing.assert_allclose(eq22.risk, W.linear_attention_risk_isotropic(R, r, d, sigma2), rtol=1e-12)
-    assert eq22.omega_blocks[0] == pytest.approx(eq22.omega_blocks[1])  # the two blocks pool
+    np.testing.assert_allclose(eq22.risk, W.linear_attention_risk_isotropic(d, R, r, sigma2), rtol=1e-12)
+    assert eq22.omega_blocks.tolist() == pytest.approx([1.0, 1.0])  # the two blocks pool; normalised to max 1
     num = W.wpgd_numerical_minimum(Sigma, R, r, sigma2, block_sizes=[n_bar] * 2, monotone=True, n_restarts=4)
     np.testing.assert_allclose(eq22.risk, num.risk, rtol=1e-8)
-    R, r = W.two_task_correlation(n_bar, 0.2, 0.8)
+    R, r = W.two_task_correlation(n_bar, r1=0.2, r2=0.8)
     np.testing.assert_allclose(W.scalar_gating_optimum(Sigma, R, r, sigma2, [n_bar] * 2).risk,
-                               W.wpgd_optimal_risk_isotropic(R, r, d, sigma2), rtol=1e-12)
+                               W.wpgd_optimal_risk_isotropic(d, R, r, sigma2), rtol=1e-12)
 
 
 # ------------------------------------------------------------------- Thms 4-5 beyond two tasks
@@ -370,7 +364,7 @@ def test_eq22_three_tasks_lies_strictly_between():
     assert not W.assumption3_holds(task_R, task_r)
     R, r = W.multitask_correlation([n_bar] * 3, task_R, task_r)
     eq22 = W.scalar_gating_optimum(Sigma, R, r, sigma2, [n_bar] * 3)
-    l17, l24 = W.wpgd_optimal_risk_isotropic(R, r, d, sigma2), W.linear_attention_risk_isotropic(R, r, d, sigma2)
+    l17, l24 = W.wpgd_optimal_risk_isotropic(d, R, r, sigma2), W.linear_attention_risk_isotropic(d, R, r, sigma2)
     assert l17 + 1e-3 < eq22.risk < l24 - 1e-3
     assert np.all(np.diff(eq22.omega_blocks) >= -1e-12) and eq22.omega_blocks[0] >= 0
     num = W.wpgd_numerical_minimum(Sigma, R, r, sigma2, block_sizes=[n_bar] * 3, monotone=True, n_restarts=6)
@@ -393,31 +387,47 @@ def test_vector_gating_beats_scalar_and_reaches_wpgd(seed):
     np.testing.assert_allclose(sca.risk, num.risk, rtol=1e-8)
 
 
+@pytest.mark.parametrize("monotone", [True, False])
+def test_block_weights_are_normalised_and_P_carries_the_scale(monotone):
+    """GatingOptimum: max_k |w_k| = 1 (scalar gating: 0 ≤ w_1 ≤ … ≤ w_K = 1), ω = Bw, and (P, ω) attains the risk."""
+    rng = np.random.default_rng(90)
+    d, blocks, sigma2 = 3, [2, 1, 3], 0.3
+    Sigma = random_covariance(rng, d, 1.0)
+    C = random_correlation(rng, 4)
+    R, r = W.multitask_correlation(blocks, C[:3, :3], C[:3, 3])
+    opt = (W.scalar_gating_optimum if monotone else W.vector_gating_optimum)(Sigma, R, r, sigma2, blocks)
+    w = opt.omega_blocks
+    assert np.max(np.abs(w)) == pytest.approx(1.0, abs=1e-15)
+    if monotone:
+        assert w[-1] == 1.0 and w[0] >= 0 and np.all(np.diff(w) >= 0)
+    np.testing.assert_array_equal(opt.omega, np.repeat(w, blocks))
+    np.testing.assert_allclose(float(W.wpgd_risk(opt.P, opt.omega, Sigma, R, r, sigma2)), opt.risk, rtol=1e-12)
+    gP = jax.grad(W.wpgd_risk)(jnp.asarray(opt.P), jnp.asarray(opt.omega), Sigma, R, r, sigma2)
+    assert np.max(np.abs(gP)) < 1e-12
+
+
+def test_isotropic_forms_take_d_in_the_place_of_sigma():
+    d, sigma2 = 3, 0.2
+    _, R, r, _ = random_problem(21, d, 4, sigma2)
+    assert W.wpgd_optimal_risk_isotropic(d, R, r, sigma2) == pytest.approx(
+        W.wpgd_optimal_risk(np.eye(d), R, r, sigma2), rel=1e-12)
+    assert W.linear_attention_risk_isotropic(d, R, r, sigma2) == pytest.approx(
+        W.linear_attention_risk(np.eye(d), R, r, sigma2), rel=1e-12)
+
+
 # ----------------------------------------------------------------------------- data-model errors
-
-
-@pytest.mark.parametrize("R, r, message", [
-    (np.ones((2, 3)), np.zeros(2), "R must be a square"),
-    (np.eye(2), np.zeros(3), "r must have shape (2,)"),
-    (np.array([[1.0, 0.2], [0.3, 1.0]]), np.zeros(2), "R must be symmetric"),
-    (np.array([[1.0, 0.2], [0.2, 0.5]]), np.zeros(2), "R must have unit diagonal"),
-    (np.eye(2), np.array([0.0, 1.5]), "r entries must lie in [-1, 1]"),
-    (np.array([[1.0, 0.9], [0.9, 1.0]]), np.array([0.9, -0.9]), "must be positive semidefinite"),
-])
-def test_joint_correlation_rejects_invalid(R, r, message):
-    with pytest.raises(ValueError) as err:
-        W.joint_task_correlation(R, r)
-    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_multitask_helpers_reject_invalid():
     with pytest.raises(ValueError, match=r"r1² \+ r2² <= 1"):
-        W.two_task_correlation(3, 0.8, 0.8)
+        W.two_task_correlation(3, r1=0.8, r2=0.8)
     with pytest.raises(ValueError, match="n_bar must be an integer >= 1"):
-        W.two_task_correlation(0, 0.1, 0.2)
+        W.two_task_correlation(0, r1=0.1, r2=0.2)
     with pytest.raises(ValueError, match="block_sizes"):
         W.multitask_correlation([2, 0], np.eye(2), np.zeros(2))
     with pytest.raises(ValueError, match="task_R must have shape"):
         W.multitask_correlation([2, 2], np.eye(3), np.zeros(3))
+    with pytest.raises(ValueError, match="task_r must have shape"):
+        W.multitask_correlation([2, 2], np.eye(2), np.zeros(3))
     with pytest.raises(ValueError, match="r must be nonzero"):
         W.wpgd_optimum(np.eye(2), np.eye(3), np.zeros(3), 0.0)

@@ -38,6 +38,12 @@ restricted parametrisation ``{"P_k", "P_q", "w_c"}`` (scalar) / ``{"P_k", "P_q",
 
 L layers (eq 25): Z_{ℓ+1} = Z_ℓ + GLA_ℓ(Z_ℓ) at every position (no MLP, no norm), each layer with its own
 weights and gates computed from its own input; ŷ read at the query's label slot of the last Z.
+
+Model families (:mod:`iclab.models` registry; ``predict(params, Z, mask=None, *, label)``,
+``init(key, *, D, std, dtype, ...)``): ``linatt`` (G ≡ 1), ``gla`` (scalar gates), ``gla_vector`` (vector
+gates and a head) and ``gla_multilayer`` (L residual scalar-gated layers, ``init(..., layers=L)``) read the
+delimiter prompts of eq 19 (task :data:`DELIMITED`); ``gla_wo`` (scalar gates) reads plain [x; y] tokens
+without delimiters (task :data:`PLAIN`), Fig 1's GLA-wo.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ from typing import Literal, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from iclab.models._family import ModelFamily, register_model
+from iclab.tasks import standard_normal
+
+__all__ = ["DELIMITED", "GATINGS", "PLAIN", "Form", "Gating", "construction2_params", "cumulative_gates",
+           "delimiter_prompt", "gate_logits", "gate_matrices", "gating", "gla_layer", "init_multilayer", "init_params",
+           "log_gates", "multilayer_outputs", "parallel", "predict", "predict_last", "predict_multilayer",
+           "projections", "query_weights", "recurrent", "restricted_params", "restricted_to_full", "restricted_wpgd",
+           "scalar_gate_for_weights", "token_layout", "unrolled", "vector_gate_for_weights"]
 
 Gating = Literal["none", "scalar", "vector"]
 Form = Literal["last", "parallel", "recurrent", "unrolled"]
@@ -58,14 +73,26 @@ GATINGS: tuple[str, ...] = ("none", "scalar", "vector")
 
 
 def gating(params) -> Gating:
-    """Which gate a param dict carries: ``scalar`` (w_g), ``vector`` (W_g) or ``none``."""
+    """Which gate a param dict carries: ``scalar`` (w_g, Thm 4), ``vector`` (W_g, Thm 5) or ``none`` (G ≡ 1).
+
+    Args:
+        params: one layer's param dict.
+    Returns:
+        ``"scalar"``, ``"vector"`` or ``"none"``.
+    """
     if "w_g" in params and "W_g" in params:
         raise ValueError("params must carry at most one of w_g (scalar gating) and W_g (vector gating)")
     return "scalar" if "w_g" in params else "vector" if "W_g" in params else "none"
 
 
 def gate_logits(params, Z: jax.Array):
-    """Pre-activations of the gates: w_gᵀz_i (..., T) or W_g z_i (..., T, D); None without gating."""
+    """Pre-activations of the gates: w_gᵀz_i (scalar) or W_g z_i (vector).
+
+    Args:
+        params: one layer's param dict; Z: (..., T, D) tokens.
+    Returns:
+        (..., T) scalar or (..., T, D) vector logits; None without gating.
+    """
     kind = gating(params)
     if kind == "scalar":
         return Z @ params["w_g"]
@@ -75,7 +102,13 @@ def gate_logits(params, Z: jax.Array):
 
 
 def log_gates(params, Z: jax.Array, mask=None):
-    """log φ(·) of the sigmoid gates, (..., T) scalar or (..., T, D) vector; 0 at masked tokens; None if ungated."""
+    """log φ(·) of the sigmoid gates, φ(a) = 1/(1 + e^{−a}); 0 (gate 1) at masked tokens.
+
+    Args:
+        params: one layer's param dict; Z: (..., T, D) tokens; mask: optional (..., T) 0/1 token mask.
+    Returns:
+        (..., T) scalar or (..., T, D) vector log gates; None without gating.
+    """
     a = gate_logits(params, Z)
     if a is None:
         return None
@@ -91,6 +124,11 @@ def gate_matrices(params, Z: jax.Array, mask=None) -> jax.Array:
 
     Computed as φ(·) itself (not exp of log φ), so the recurrent and unrolled forms share no arithmetic
     with the parallel one. Masked tokens get G = 1.
+
+    Args:
+        params: one layer's param dict; Z: (..., T, D) tokens; mask: optional (..., T) 0/1 token mask.
+    Returns:
+        G_i: (..., T, 1, 1) scalar, (..., T, D, 1) vector, or (..., T, 1, 1) ones without gating.
     """
     kind = gating(params)
     if kind == "none":
@@ -130,9 +168,15 @@ def recurrent(Q, K, V, G) -> jax.Array:
 
 
 def cumulative_gates(G, T: int) -> jax.Array:
-    """G_{j:i} = G_{j+1} ⊙ … ⊙ G_i for j ≤ i (G_{i:i} = 1), 0 for j > i, as explicit products.
+    """G_{j:i} = G_{j+1} ⊙ … ⊙ G_i for j ≤ i (G_{i:i} = 1), 0 for j > i, as explicit products (App D.1).
 
-    O(T³ D²): a reference form. G: broadcastable to (..., T, Dv, Dk). Returns (..., T_i, T_j, Dv, Dk).
+    O(T³ D²): a reference form.
+
+    Args:
+        G: gates, (..., T, Dv, Dk) or broadcastable to it (e.g. (T, 1, 1) for one scalar gate per token).
+        T: number of tokens.
+    Returns:
+        (..., T_i, T_j, Dv, Dk) cumulative gates.
     """
     idx = jnp.arange(T)
     # factor[i, j, m] = G_m if j < m ≤ i else 1
@@ -158,20 +202,25 @@ def unrolled(Q, K, V, G) -> jax.Array:
 def parallel(Q, K, V, log_g=None, kind: Gating = "none", causal: bool = True) -> jax.Array:
     """Masked parallel form: o_i = Σ_{j≤i} (exp(c_i − c_j) ⊙ v_j k_jᵀ) q_i, c_i = Σ_{m≤i} log G_m.
 
+    For scalar gates this is O = (W ⊙ QKᵀ) V with the decay mask W_ij = exp(c_i − c_j) 1[j ≤ i]; a data-independent
+    gate (``log_g`` of shape (T,), e.g. the drift paper's forget factor, log g_t = log λ) gives one (T, T) mask
+    shared by the batch. With ONE value column (Dv = 1) the same sum is taken in the other order,
+    o_i = q_iᵀ Σ_j W_ij v_j k_j: no (T, T) score matrix per prompt.
+
     Args:
-        Q, K, V: (..., T, D).
-        log_g: log gates, (..., T) for ``scalar``, (..., T, D) for ``vector`` (row-wise), (..., T, D, D) for
-            ``matrix``; None for ``none``.
+        Q, K: (..., T, Dk); V: (..., T, Dv).
+        log_g: log gates, (..., T) for ``scalar``, (..., T, Dv) for ``vector`` (row-wise), (..., T, Dv, Dk) for
+            ``matrix``; None for ``none``. Leading axes broadcast against those of Q, K, V.
         kind: ``none``, ``scalar``, ``vector`` or ``matrix``.
         causal: False only without gates: every token attends to all (the Sec 2 non-causal form).
     Returns:
-        O: (..., T, D).
+        O: (..., T, Dv).
     """
     T = Q.shape[-2]
     idx = jnp.arange(T)
     tri = idx[None, :] <= idx[:, None]  # [i, j]: j ≤ i
-    scores = jnp.einsum("...ic,...jc->...ij", Q, K)
     if kind == "none":
+        scores = jnp.einsum("...ic,...jc->...ij", Q, K)
         if causal:
             scores = jnp.where(tri, scores, 0.0)
         return scores @ V
@@ -184,11 +233,13 @@ def parallel(Q, K, V, log_g=None, kind: Gating = "none", causal: bool = True) ->
         diff = c[..., :, None] - c[..., None, :]
         # the exponent is zeroed above the diagonal before exp: exp of a positive sum could overflow
         w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0)), 0.0)
-        return (scores * w) @ V
+        if V.shape[-1] == 1:
+            return jnp.sum(jnp.einsum("...ij,...jc->...ic", w, V * K) * Q, axis=-1, keepdims=True)
+        return (jnp.einsum("...ic,...jc->...ij", Q, K) * w) @ V
     if kind == "vector":
         diff = c[..., :, None, :] - c[..., None, :, :]  # (..., i, j, r)
         w = jnp.where(tri[..., None], jnp.exp(jnp.where(tri[..., None], diff, 0.0)), 0.0)
-        return jnp.einsum("...ij,...ijr,...jr->...ir", scores, w, V)
+        return jnp.einsum("...ij,...ijr,...jr->...ir", jnp.einsum("...ic,...jc->...ij", Q, K), w, V)
     if kind == "matrix":
         diff = c[..., :, None, :, :] - c[..., None, :, :, :]  # (..., i, j, r, s)
         m = tri[..., None, None]
@@ -198,10 +249,16 @@ def parallel(Q, K, V, log_g=None, kind: Gating = "none", causal: bool = True) ->
 
 
 def query_weights(log_g, kind: Gating) -> jax.Array | None:
-    """Weights of every token in the query's state: exp(Σ_{m=j+1}^{T} log g_m), (..., T) or (..., T, D).
+    """Weights of every token in the query's state: ω_j = exp(Σ_{m=j+1}^{T} log g_m) = g_{j:T} (eq 11).
 
     The sum is taken directly (a product with a strictly-triangular 0/1 matrix, not a difference of prefix
-    sums; XLA's CPU cumsum is a slow reduce-window).
+    sums; XLA's CPU cumsum is a slow reduce-window). A constant gate g_t = λ gives ω_j = λ^{T−j}.
+
+    Args:
+        log_g: log gates, (..., T) for ``scalar`` or (..., T, D) for ``vector``.
+        kind: ``none``, ``scalar`` or ``vector``.
+    Returns:
+        (..., T) or (..., T, D) weights; None for ``none``.
     """
     if kind == "none":
         return None
@@ -217,7 +274,13 @@ def query_weights(log_g, kind: Gating) -> jax.Array | None:
 
 
 def projections(params, Z: jax.Array, mask=None):
-    """q_i = W_qᵀz_i, k_i = W_kᵀz_i, v_i = W_vᵀz_i as rows: (Q, K, V), each (..., T, D); v = 0 at masked tokens."""
+    """q_i = W_qᵀz_i, k_i = W_kᵀz_i, v_i = W_vᵀz_i as rows; v = 0 at masked tokens (so v kᵀ = 0 there).
+
+    Args:
+        params: Wq, Wk, Wv (D, D); Z: (..., T, D) tokens; mask: optional (..., T) 0/1 token mask.
+    Returns:
+        (Q, K, V), each (..., T, D).
+    """
     V = Z @ params["Wv"]
     if mask is not None:
         V = V * jnp.asarray(mask, V.dtype)[..., None]
@@ -231,6 +294,8 @@ def gla_layer(params, Z: jax.Array, mask=None, form: Form = "parallel") -> jax.A
         params: Wq, Wk, Wv (+ w_g or W_g).
         Z: tokens; mask: optional (..., T) 0/1 token mask.
         form: ``parallel``, ``recurrent`` or ``unrolled`` (all equal).
+    Returns:
+        O: (..., T, D), o_i = S_i q_i.
     """
     Q, K, V = projections(params, Z, mask)
     if form == "parallel":
@@ -251,6 +316,12 @@ def predict_last(params, Z: jax.Array, mask=None, *, label: int) -> jax.Array:
 
     k_jᵀ q_T = z_jᵀ (W_k q_T) costs O(D) per token; with scalar gates and the label readout only the label
     column of W_v is used, so the whole prediction is O(T·D) per prompt.
+
+    Args:
+        params: Wq, Wk, Wv (+ w_g or W_g) (+ h); Z: (..., T, D), the query last; mask: optional (..., T).
+        label: index d of the label coordinate.
+    Returns:
+        (...,) predictions, equal to ``predict(..., form="parallel")``.
     """
     kind = gating(params)
     u = Z[..., -1, :] @ params["Wq"] @ params["Wk"].T  # W_k q_T, so that k_jᵀ q_T = z_jᵀ u
@@ -275,6 +346,8 @@ def predict(params, Z: jax.Array, mask=None, *, label: int, form: Form = "last")
         Z: tokens with the query last, its label slot 0; mask: optional (..., T) token mask.
         label: index d of the label coordinate.
         form: ``last`` (fast), ``parallel``, ``recurrent`` or ``unrolled``; all equal.
+    Returns:
+        (...,) predictions ŷ.
     """
     if form == "last":
         return predict_last(params, Z, mask, label=label)
@@ -305,7 +378,13 @@ def predict_multilayer(layers: Sequence[dict], Z: jax.Array, mask=None, *, label
 
 
 def multilayer_outputs(layers: Sequence[dict], Z: jax.Array, mask=None, form: Form = "parallel") -> list:
-    """[Z_1, Z_2, ..., Z_{L+1}] of eq 25 at every position (for the App A recursion)."""
+    """[Z_1, Z_2, ..., Z_{L+1}] of eq 25, Z_{ℓ+1} = Z_ℓ + GLA_ℓ(Z_ℓ), at every position (the App A recursion).
+
+    Args:
+        layers: list of L param dicts; Z: (..., T, D); mask: optional (..., T); form: as in ``gla_layer``.
+    Returns:
+        list of L + 1 arrays (..., T, D).
+    """
     out = [Z]
     for p in layers:
         Z = Z + gla_layer(p, Z, mask, form)
@@ -317,17 +396,7 @@ def multilayer_outputs(layers: Sequence[dict], Z: jax.Array, mask=None, form: Fo
 # Initialisation
 
 
-def init_params(key: jax.Array, D: int, gating: Gating = "none", *, head: bool = False, std: float = 0.1,
-                dtype=jnp.float64) -> dict:
-    """Unrestricted params, every entry N(0, std²) (the paper's init is unspecified).
-
-    Args:
-        key: PRNG key; D: token width d + 1 + p; gating: none, scalar (w_g) or vector (W_g).
-        head: add a linear head h (used with vector gating, Thm 5).
-        std: init standard deviation.
-    Returns:
-        params dict.
-    """
+def _param_shapes(D: int, gating: Gating, head: bool) -> dict:
     shapes = {"Wq": (D, D), "Wk": (D, D), "Wv": (D, D)}
     if gating == "scalar":
         shapes["w_g"] = (D,)
@@ -337,11 +406,52 @@ def init_params(key: jax.Array, D: int, gating: Gating = "none", *, head: bool =
         raise ValueError(f"gating must be one of none, scalar, vector (got {gating!r})")
     if head:
         shapes["h"] = (D,)
-    # one draw for all arrays: every random-number call site costs compile time on CPU
-    sizes = [int(np.prod(shape)) for shape in shapes.values()]
-    flat = std * jax.random.normal(key, (sum(sizes),), dtype)
-    offsets = np.cumsum([0] + sizes)
-    return {name: flat[offsets[i]:offsets[i + 1]].reshape(shape) for i, (name, shape) in enumerate(shapes.items())}
+    return shapes
+
+
+def _unflatten(flat, shapes: dict) -> dict:
+    offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes.values()])
+    return {name: flat[..., offsets[i]:offsets[i + 1]].reshape(flat.shape[:-1] + shape)
+            for i, (name, shape) in enumerate(shapes.items())}
+
+
+def init_params(key: jax.Array, D: int, gating: Gating = "none", *, head: bool = False, std: float = 0.1,
+                dtype=jnp.float64) -> dict:
+    """Unrestricted params, every entry N(0, std²) (the paper's init is unspecified).
+
+    One normal draw through :func:`iclab.tasks.standard_normal` (an RBG key: every threefry sampling site
+    costs seconds of compile time on CPU, and inits are vmapped over thousands of members).
+
+    Args:
+        key: PRNG key; D: token width d + 1 + p; gating: none, scalar (w_g) or vector (W_g).
+        head: add a linear head h (used with vector gating, Thm 5).
+        std: init standard deviation.
+        dtype: float dtype of the params.
+    Returns:
+        params dict: Wq, Wk, Wv (D, D), w_g (D,) or W_g (D, D), h (D,).
+    """
+    shapes = _param_shapes(D, gating, head)
+    size = sum(int(np.prod(shape)) for shape in shapes.values())
+    return _unflatten(std * standard_normal(key, (size,), dtype), shapes)
+
+
+def init_multilayer(key: jax.Array, D: int, layers: int, gating: Gating = "scalar", *, std: float = 0.1,
+                    dtype=jnp.float64) -> list:
+    """L layers of unrestricted params for ``predict_multilayer`` (eq 25), every entry N(0, std²), no head.
+
+    Args:
+        key: PRNG key (one draw for all layers); D: token width; layers: L ≥ 1.
+        gating: each layer's gate (its own w_g or W_g).
+        std: init standard deviation; dtype: float dtype.
+    Returns:
+        list of L param dicts.
+    """
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1 (got {layers})")
+    shapes = _param_shapes(D, gating, False)
+    size = sum(int(np.prod(shape)) for shape in shapes.values())
+    flat = std * standard_normal(key, (layers, size), dtype)
+    return [_unflatten(flat[l], shapes) for l in range(layers)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,6 +462,11 @@ def token_layout(block_sizes: Sequence[int], delimiters: bool = True) -> tuple[n
     """Positions of the data tokens (n,) and of the delimiters (K,) in a prompt of eq 19 (query last).
 
     Without delimiters the K positions are empty and T = n + 1.
+
+    Args:
+        block_sizes: (n_1, ..., n_K); delimiters: whether d_k follows block k.
+    Returns:
+        (data positions (n,), delimiter positions (K,) or (0,)), int arrays.
     """
     data, delims, pos = [], [], 0
     for nk in block_sizes:
@@ -427,7 +542,12 @@ def delimiter_prompt(x, y, x_query, block_sizes: Sequence[int], contexts=None, *
 def restricted_params(P_k, P_q, p: int = 0, value: float = 1.0) -> dict:
     """Eq 9 (p = 0) and eq 20 (p > 0): W_k = [[P_k, 0], [0, 0]], W_q = [[P_q, 0], [0, 0]], W_v = value·e_y e_yᵀ.
 
-    Then v_i = [0; value·y_i; 0], k_i = [P_kᵀx_i; 0], q_i = [P_qᵀx_i; 0]. Returns Wq, Wk, Wv of size D = d+1+p.
+    Then v_i = [0; value·y_i; 0], k_i = [P_kᵀx_i; 0], q_i = [P_qᵀx_i; 0].
+
+    Args:
+        P_k, P_q: (d, d); p: context width (0: plain [x; y] tokens); value: the W_v corner.
+    Returns:
+        dict Wq, Wk, Wv, each (D, D), D = d + 1 + p.
     """
     P_k, P_q = jnp.asarray(P_k), jnp.asarray(P_q)
     d = P_k.shape[0]
@@ -442,6 +562,11 @@ def construction2_params(P_k, P_q, u, p: int = 0, h=None) -> dict:
     """Construction 2 (eqs 27-29): eq 9's W_k, W_q and W_v = [0_{D×d} u 0_{D×p}]ᵀ, so v_i = y_i u.
 
     Output row r is xᵀP_q(XP_k ⊙ Ω_r)ᵀy with Ω_r = u_r[g^r_{j:T}]; with head h, ŷ = hᵀo_T (eq 29).
+
+    Args:
+        P_k, P_q: (d, d); u: (D,); p: context width; h: optional (D,) head.
+    Returns:
+        dict Wq, Wk, Wv (D, D) (+ h).
     """
     params = restricted_params(P_k, P_q, p)
     d = jnp.asarray(P_k).shape[0]
@@ -469,6 +594,7 @@ def scalar_gate_for_weights(contexts, block_weights, d: int, logit: float = 40.0
 
     Args:
         contexts: (K+1, p) c̄_0..c̄_K; block_weights: (K,) non-decreasing in [0, 1]; d: input dimension.
+        logit: |gate logit| standing for a gate of 1 (or 0).
     Returns:
         (d+1+p,) w_g.
     """
@@ -492,6 +618,7 @@ def vector_gate_for_weights(contexts, block_weights, d: int, logit: float = 40.0
 
     Args:
         contexts: (K+1, p) c̄_0..c̄_K (K + 1 ≤ p); block_weights: (K,); d: input dimension.
+        logit: |gate logit| standing for a gate of 1 (or 0).
     Returns:
         (W_g (D, D), u (D,), h (D,)), D = d + 1 + p.
     """
@@ -518,6 +645,11 @@ def restricted_to_full(rparams, d: int, p: int) -> dict:
 
     Scalar: {P_k, P_q, w_c (p,)} -> W from eq 20, w_g = [0; w_c]. Vector: {P_k, P_q, W_c (D, p), u (D,), h (D,)}
     -> construction 2 with W_g = [0_{D×(d+1)} W_c] and head h. Ungated: {P_k, P_q}.
+
+    Args:
+        rparams: restricted params; d: input dimension; p: context width.
+    Returns:
+        full params for ``predict``.
     """
     if "W_c" in rparams:
         params = construction2_params(rparams["P_k"], rparams["P_q"], rparams["u"], p, rparams["h"])
@@ -570,3 +702,41 @@ def restricted_wpgd(rparams, contexts, block_sizes: Sequence[int], *, query_cont
             lg = jnp.where(tok_mask[:, None] > 0, lg, 0.0)
         omega = query_weights(lg, "vector")[data_pos] @ (rparams["h"] * rparams["u"])
     return P, (omega if mask is None else omega * jnp.asarray(mask, dt))
+
+
+# --------------------------------------------------------------------------------------------
+# Model families
+
+#: Task of the families that read delimiter prompts (eq 19, ``delimiter_prompt`` with contexts): D = d + 1 + p.
+DELIMITED = "multitask_delimited"
+#: Task of the families that read plain [x; y] tokens (``delimiter_prompt`` without contexts): D = d + 1.
+PLAIN = "multitask_plain"
+
+
+def _one_layer_init(kind: Gating, head: bool):
+    def init(key, *, D: int, std: float = 0.1, dtype=jnp.float64, **unused):
+        return init_params(key, D, kind, head=head, std=std, dtype=dtype)
+
+    return init
+
+
+def _multilayer_init(key, *, D: int, layers: int, std: float = 0.1, dtype=jnp.float64, **unused):
+    return init_multilayer(key, D, layers, "scalar", std=std, dtype=dtype)
+
+
+for _family in (
+    ModelFamily("linatt", DELIMITED, _one_layer_init("none", False), predict, options=("form",),
+                description="causal linear attention (G ≡ 1) on delimiter prompts (eq 19); ŷ = (o_T)_{d+1}"),
+    ModelFamily("gla", DELIMITED, _one_layer_init("scalar", False), predict, options=("form",),
+                description="GLA with scalar gates φ(w_gᵀz) on delimiter prompts (Thm 4); ŷ = (o_T)_{d+1}"),
+    ModelFamily("gla_wo", PLAIN, _one_layer_init("scalar", False), predict, options=("form",),
+                description="GLA with scalar gates φ(w_gᵀz) on [x; y] tokens without delimiters (Fig 1 GLA-wo)"),
+    ModelFamily("gla_vector", DELIMITED, _one_layer_init("vector", True), predict, options=("form",),
+                description="GLA with vector gates φ(W_g z)1ᵀ and a linear head on delimiter prompts (Thm 5); "
+                            "ŷ = hᵀo_T"),
+    ModelFamily("gla_multilayer", DELIMITED, _multilayer_init, predict_multilayer, options=("form",),
+                description="L-layer residual GLA (eq 25), scalar gates per layer, on delimiter prompts; "
+                            "init(..., layers=L)"),
+):
+    register_model(_family)
+del _family

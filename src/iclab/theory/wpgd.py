@@ -11,7 +11,11 @@ Equation numbers are the paper's; the digest is ``shared/spec/gating.md``.
 Conventions: ``Sigma`` (d, d) feature covariance Σ; ``R`` (n, n) and ``r`` (n,) the task
 correlations of eq 12; ``sigma2`` the label-noise variance σ²; M = tr Σ + σ²; ``P`` (d, d)
 preconditioner; ``omega`` (n,) sample weights; ``block_sizes`` (n_1, ..., n_K) the task blocks
-of a multitask prompt (Sec 5.1).
+of a multitask prompt (Sec 5.1). Every risk takes (what is evaluated, Sigma, R, r, sigma2) in this
+order; the isotropic closed forms (Σ = I_d, eqs 17 and 24) take the dimension ``d`` in Σ's place:
+``wpgd_optimal_risk_isotropic(d, R, r, sigma2)`` = ``wpgd_optimal_risk(np.eye(d), R, r, sigma2)``.
+(R, r) must come from a valid joint correlation [[R, r], [rᵀ, 1]] (PSD, unit diagonal), which the
+data model validates (``iclab.tasks.multitask.joint_task_correlation``).
 
 Errata handled here (spec §3, §7):
 
@@ -36,9 +40,19 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize
 
+__all__ = [
+    "GatingOptimum", "NumericalOptimum", "Spectra", "WPGDOptimum", "assumption3_holds", "block_indicator",
+    "contraction_bound", "fixed_point_iteration", "fixed_point_map", "fixed_points", "gamma_star", "h1", "h2",
+    "linear_attention_risk", "linear_attention_risk_isotropic", "multitask_correlation", "optimal_preconditioner",
+    "optimal_preconditioner_as_printed", "optimal_preconditioner_given_weights", "optimal_scale", "optimal_weights",
+    "risk_given_weights", "scalar_gating_optimum", "spectra", "spectral_gaps", "two_task_correlation",
+    "uniqueness_condition", "vector_gating_optimum", "wpgd_grad", "wpgd_grad_tilde", "wpgd_numerical_minimum",
+    "wpgd_optimal_risk", "wpgd_optimal_risk_isotropic", "wpgd_optimum", "wpgd_risk", "wpgd_risk_tilde",
+]
+
 # Relative tolerance below which an eigenvalue of R counts as zero (eq 13 uses nonzero ones).
 _EIG_TOL = 1e-10
-# Correlation matrices coming from user input are checked to this absolute tolerance.
+# r₁² + r₂² ≤ 1 (App B.1) is checked to this absolute tolerance.
 _CORR_TOL = 1e-10
 
 
@@ -143,7 +157,14 @@ def wpgd_grad(P, omega, Sigma, R, r, sigma2):
 
 
 class Spectra(NamedTuple):
-    """Spectral data of Definition 3 / Assumption 1: s = eig(Σ), λ = eig(R), a = Eᵀr, M."""
+    """Spectral data of Definition 3 / Assumption 1: s = eig(Σ), λ = eig(R), a = Eᵀr, M.
+
+    Attributes:
+        s: (d,) eigenvalues of Σ, ascending.
+        lam: (n,) eigenvalues λ of R = E diag(λ) Eᵀ, ascending.
+        a: (n,) coordinates a = Eᵀr of r in R's eigenbasis.
+        M: tr Σ + σ².
+    """
 
     s: np.ndarray
     lam: np.ndarray
@@ -259,7 +280,7 @@ def fixed_points(Sigma, R, r, sigma2, num=400):
     return roots
 
 
-def fixed_point_iteration(gamma0, Sigma, R, r, sigma2, tol=1e-14, max_iter=100_000):
+def fixed_point_iteration(gamma0, Sigma, R, r, sigma2, *, tol=1e-14, max_iter=100_000):
     """Iterate γ ← h₁(h₂(γ)) + 1 from γ₀ (Thm 3 T1: converges when (16) holds).
 
     Args:
@@ -268,7 +289,8 @@ def fixed_point_iteration(gamma0, Sigma, R, r, sigma2, tol=1e-14, max_iter=100_0
         tol: stop when |γ_{k+1} − γ_k| ≤ tol·max(1, γ_k).
         max_iter: iteration cap.
     Returns:
-        (gamma, iterations, converged).
+        (gamma, iterations, converged): the last iterate (float), the iterations taken, and whether the
+        tolerance was met.
     """
     sp = spectra(Sigma, R, r, sigma2)
     gam = float(gamma0)
@@ -352,13 +374,15 @@ def optimal_weights(R, r, h):
     return np.linalg.solve(h * R + np.eye(R.shape[0]), np.asarray(r, dtype=float))
 
 
-def optimal_preconditioner(Sigma, gamma, sigma2):
+def optimal_preconditioner(Sigma, *, gamma, sigma2):
     """Corrected optimal preconditioner direction P* ∝ (γΣ/M + I)^{-1} (eq 15, erratum; eq 42a).
 
     Eq 15 prints Σ^{-1/2}(γΣ/M + I)^{-1}Σ^{-1/2}, which is not stationary for Σ ≠ I.
 
     Args:
-        Sigma: (d, d); gamma: γ (γ* at the optimum); sigma2: σ².
+        Sigma: (d, d) feature covariance.
+        gamma: γ (γ* at the optimum).
+        sigma2: σ².
     Returns:
         (d, d) symmetric P (unit scale; see ``optimal_scale``).
     """
@@ -367,16 +391,18 @@ def optimal_preconditioner(Sigma, gamma, sigma2):
     return np.linalg.inv(gamma * Sigma / M + np.eye(Sigma.shape[0]))
 
 
-def optimal_preconditioner_as_printed(Sigma, gamma, sigma2):
+def optimal_preconditioner_as_printed(Sigma, *, gamma, sigma2):
     """Eq 15's P* exactly as printed, Σ^{-1/2}(γΣ/M + I)^{-1}Σ^{-1/2} (ERRATUM; for comparison only).
 
     Args:
-        Sigma: (d, d); gamma: γ; sigma2: σ².
+        Sigma: (d, d) feature covariance.
+        gamma: γ.
+        sigma2: σ².
     Returns:
         (d, d) matrix; proportional to ``optimal_preconditioner`` only when Σ ∝ I.
     """
     Si = np.linalg.inv(_sqrtm_psd(Sigma))
-    return Si @ optimal_preconditioner(Sigma, gamma, sigma2) @ Si
+    return Si @ optimal_preconditioner(Sigma, gamma=gamma, sigma2=sigma2) @ Si
 
 
 def optimal_scale(P, omega, Sigma, R, r, sigma2):
@@ -438,7 +464,15 @@ def risk_given_weights(omega, Sigma, R, r, sigma2):
 
 
 class WPGDOptimum(NamedTuple):
-    """Global minimiser of eq 37: γ*, h₂(γ*), P (optimal scale included), ω*, and L*_WPGD."""
+    """Global minimiser of eq 37 (Thm 2 with the corrected P*).
+
+    Attributes:
+        gamma: γ*, the fixed point of h₁(h₂(γ)) + 1 of least risk.
+        h2: h₂(γ*).
+        P: (d, d) preconditioner, the optimal product scale included (eqs 53-54).
+        omega: (n,) ω* = (h₂(γ*)R + I)^{-1} r, unit scale (eq 15).
+        risk: L*_WPGD.
+    """
 
     gamma: float
     h2: float
@@ -463,7 +497,7 @@ def wpgd_optimum(Sigma, R, r, sigma2) -> WPGDOptimum:
     for gam in fixed_points(Sigma, R, r, sigma2):
         hh = float(h2(gam, sp.s, sp.M))
         w = optimal_weights(R, r, hh)
-        P = optimal_preconditioner(Sigma, gam, sigma2)
+        P = optimal_preconditioner(Sigma, gamma=gam, sigma2=sigma2)
         t, risk = optimal_scale(P, w, Sigma, R, r, sigma2)
         if best is None or risk < best.risk:
             best = WPGDOptimum(float(gam), hh, t * P, w, risk)
@@ -481,11 +515,13 @@ def wpgd_optimal_risk(Sigma, R, r, sigma2):
     return wpgd_optimum(Sigma, R, r, sigma2).risk
 
 
-def wpgd_optimal_risk_isotropic(R, r, d, sigma2):
+def wpgd_optimal_risk_isotropic(d, R, r, sigma2):
     """L*_WPGD for Σ = I_d: d + σ² − d·rᵀ(R + (d+σ²+1)I)^{-1}r (eq 17, Cor 1).
 
+    Equals ``wpgd_optimal_risk(np.eye(d), R, r, sigma2)``: the dimension d takes Σ's place.
+
     Args:
-        R: (n, n); r: (n,); d: feature dimension; sigma2: σ².
+        d: feature dimension (Σ = I_d); R: (n, n); r: (n,); sigma2: σ².
     Returns:
         risk (float).
     """
@@ -505,11 +541,13 @@ def linear_attention_risk(Sigma, R, r, sigma2):
     return risk_given_weights(np.ones(np.asarray(r).shape[0]), Sigma, R, r, sigma2)
 
 
-def linear_attention_risk_isotropic(R, r, d, sigma2):
+def linear_attention_risk_isotropic(d, R, r, sigma2):
     """L*_ATT for Σ = I_d: d + σ² − d(1ᵀr)²/(n(d+σ²+1) + 1ᵀR1) (eq 24, Cor 2).
 
+    Equals ``linear_attention_risk(np.eye(d), R, r, sigma2)``: the dimension d takes Σ's place.
+
     Args:
-        R: (n, n); r: (n,); d: feature dimension; sigma2: σ².
+        d: feature dimension (Σ = I_d); R: (n, n); r: (n,); sigma2: σ².
     Returns:
         risk (float).
     """
@@ -568,7 +606,19 @@ def _cone_rayleigh(b, Q, monotone):
 
 
 class GatingOptimum(NamedTuple):
-    """Optimum of eq 37 over block weights: risk, block weights w (K,), ω = Bw (n,), P, γ."""
+    """Optimum of eq 37 over P and block weights ω = Bw (eq 22, Thms 4-5).
+
+    Only the product of the scales of P and ω is identified; the weights are normalised to
+    max_k |w_k| = 1 by a positive factor and P carries the rest. For scalar gating this is
+    0 ≤ w_1 ≤ … ≤ w_K = 1, the form the gates of Thm 4 realise (``iclab.models.gla.scalar_gate_for_weights``).
+
+    Attributes:
+        risk: the optimal risk.
+        omega_blocks: (K,) block weights w, max_k |w_k| = 1 (zeros when ω = 0 is optimal).
+        omega: (n,) sample weights ω = Bw, on the same scale.
+        P: (d, d) the optimal preconditioner for this ω, scale included (``optimal_preconditioner_given_weights``).
+        gamma: γ = 1 + ωᵀRω/‖ω‖² at the optimum.
+    """
 
     risk: float
     omega_blocks: np.ndarray
@@ -606,19 +656,19 @@ def _block_optimum(Sigma, R, r, sigma2, block_sizes, monotone) -> GatingOptimum:
     best = None
     for gam in _scan_roots(f_minus_id, *_gamma_bracket(R), num=200):
         w = weights(gam)
-        om = B @ w
-        risk = risk_given_weights(om, Sigma, R, r, sigma2)
-        if best is None or risk < best.risk:
-            if om @ om > 0:
-                P = optimal_preconditioner_given_weights(om, Sigma, R, r, sigma2)
-            else:
-                P = np.zeros_like(np.asarray(Sigma, dtype=float))
-            best = GatingOptimum(risk, w, om, P, float(gam))
+        risk = risk_given_weights(B @ w, Sigma, R, r, sigma2)
+        if best is None or risk < best[0]:
+            best = (risk, w, float(gam))
+    d = np.asarray(Sigma).shape[0]
     if best is None:  # b ⊥ the cone: no weighting helps, ω = 0 is optimal
-        K = B.shape[1]
-        d = np.asarray(Sigma).shape[0]
-        best = GatingOptimum(float(M), np.zeros(K), np.zeros(B.shape[0]), np.zeros((d, d)), 1.0)
-    return best
+        return GatingOptimum(float(M), np.zeros(B.shape[1]), np.zeros(B.shape[0]), np.zeros((d, d)), 1.0)
+    risk, w, gam = best
+    scale = np.max(np.abs(w))
+    if scale == 0:
+        return GatingOptimum(risk, w, B @ w, np.zeros((d, d)), gam)
+    w = w / scale  # the risk is scale-invariant in ω: P carries the scale
+    om = B @ w
+    return GatingOptimum(risk, w, om, optimal_preconditioner_given_weights(om, Sigma, R, r, sigma2), gam)
 
 
 def scalar_gating_optimum(Sigma, R, r, sigma2, block_sizes) -> GatingOptimum:
@@ -632,7 +682,7 @@ def scalar_gating_optimum(Sigma, R, r, sigma2, block_sizes) -> GatingOptimum:
         Sigma: (d, d); R: (n, n); r: (n,); sigma2: σ².
         block_sizes: (K,) task-block lengths, summing to n.
     Returns:
-        GatingOptimum(risk, omega_blocks (K,), omega (n,), P (d, d), gamma).
+        GatingOptimum(risk, omega_blocks (K,), omega (n,), P (d, d), gamma); 0 ≤ w_1 ≤ … ≤ w_K = 1.
     """
     return _block_optimum(Sigma, R, r, sigma2, block_sizes, monotone=True)
 
@@ -646,7 +696,7 @@ def vector_gating_optimum(Sigma, R, r, sigma2, block_sizes) -> GatingOptimum:
         Sigma: (d, d); R: (n, n); r: (n,); sigma2: σ².
         block_sizes: (K,) task-block lengths, summing to n.
     Returns:
-        GatingOptimum(risk, omega_blocks (K,), omega (n,), P (d, d), gamma).
+        GatingOptimum(risk, omega_blocks (K,), omega (n,), P (d, d), gamma); max_k |w_k| = 1.
     """
     return _block_optimum(Sigma, R, r, sigma2, block_sizes, monotone=False)
 
@@ -657,6 +707,7 @@ def assumption3_holds(task_R, task_r, tol=1e-12):
     Args:
         task_R: (K, K) task-level correlations E[β_iᵀβ_j]/d.
         task_r: (K,) task-query correlations E[β_kᵀβ]/d.
+        tol: absolute tolerance of both conditions.
     Returns:
         bool.
     """
@@ -668,63 +719,12 @@ def assumption3_holds(task_R, task_r, tol=1e-12):
 # ------------------------------------------------------------------ correlated multitask data model
 
 
-def joint_task_correlation(R, r):
-    """Joint correlation C = [[R, r], [rᵀ, 1]] of (β_1, …, β_n, β) (Def 1, eq 12), validated.
-
-    Raises ValueError (one line: field, allowed range) unless R is square and symmetric with unit
-    diagonal, r matches it, all entries lie in [−1, 1] and C is positive semidefinite.
-
-    Args:
-        R: (n, n); r: (n,).
-    Returns:
-        (n+1, n+1) matrix C.
-    """
-    R, r = np.asarray(R, dtype=float), np.asarray(r, dtype=float)
-    if R.ndim != 2 or R.shape[0] != R.shape[1] or R.shape[0] < 1:
-        raise ValueError(f"R must be a square (n, n) matrix with n >= 1 (got shape {R.shape})")
-    n = R.shape[0]
-    if r.shape != (n,):
-        raise ValueError(f"r must have shape ({n},) to match R (got {r.shape})")
-    if not np.all(np.isfinite(R)) or not np.all(np.isfinite(r)):
-        raise ValueError("R and r must be finite")
-    if np.max(np.abs(R - R.T)) > _CORR_TOL:
-        raise ValueError(f"R must be symmetric (max |R - Rᵀ| = {np.max(np.abs(R - R.T)):.3g})")
-    if np.max(np.abs(np.diag(R) - 1.0)) > _CORR_TOL:
-        i = int(np.argmax(np.abs(np.diag(R) - 1.0)))
-        raise ValueError(f"R must have unit diagonal (got R[{i},{i}] = {R[i, i]:.6g})")
-    if np.max(np.abs(R)) > 1.0 + _CORR_TOL:
-        raise ValueError(f"R entries must lie in [-1, 1] (got max |R_ij| = {np.max(np.abs(R)):.6g})")
-    if np.max(np.abs(r)) > 1.0 + _CORR_TOL:
-        i = int(np.argmax(np.abs(r)))
-        raise ValueError(f"r entries must lie in [-1, 1] (got r[{i}] = {r[i]:.6g})")
-    C = np.block([[R, r[:, None]], [r[None, :], np.ones((1, 1))]])
-    C = 0.5 * (C + C.T)
-    min_eig = float(np.linalg.eigvalsh(C)[0])
-    if min_eig < -_CORR_TOL * (n + 1):
-        raise ValueError("joint correlation [[R, r], [rᵀ, 1]] must be positive semidefinite "
-                         f"(smallest eigenvalue {min_eig:.3g} < 0)")
-    return C
-
-
-def task_correlation_factor(R, r):
-    """Factor L with LLᵀ = C = [[R, r], [rᵀ, 1]] for sampling tasks [β_1 … β_n β]ᵀ = L G (Def 1).
-
-    Uses the symmetric PSD square root, so singular C (e.g. tasks shared within a block) works.
-    G ∈ R^{(n+1)×d} has iid N(0, 1) entries; then E[β_iβ_jᵀ] = C_ij I_d.
-
-    Args:
-        R: (n, n); r: (n,).
-    Returns:
-        (n+1, n+1) factor L.
-    """
-    return _sqrtm_psd(joint_task_correlation(R, r))
-
-
 def multitask_correlation(block_sizes, task_R, task_r):
     """Sample-level (R, r) of a K-task prompt (Sec 5.1): R = B R_task Bᵀ, r = B r_task.
 
     Block k holds n_k samples of task β_k; task_R = E[β_iᵀβ_j]/d (unit diagonal),
-    task_r = E[β_kᵀβ]/d. Validates [[task_R, task_r], [task_rᵀ, 1]] as in ``joint_task_correlation``.
+    task_r = E[β_kᵀβ]/d. Checks the shapes only: that [[task_R, task_r], [task_rᵀ, 1]] is a correlation
+    matrix is the data model's condition (``iclab.tasks.multitask.joint_task_correlation``).
 
     Args:
         block_sizes: (K,) block lengths; task_R: (K, K); task_r: (K,).
@@ -733,14 +733,15 @@ def multitask_correlation(block_sizes, task_R, task_r):
     """
     B = block_indicator(block_sizes)
     task_R, task_r = np.asarray(task_R, dtype=float), np.asarray(task_r, dtype=float)
-    if task_R.shape != (B.shape[1], B.shape[1]):
-        K = B.shape[1]
+    K = B.shape[1]
+    if task_R.shape != (K, K):
         raise ValueError(f"task_R must have shape ({K}, {K}) for {K} blocks (got {task_R.shape})")
-    joint_task_correlation(task_R, task_r)
+    if task_r.shape != (K,):
+        raise ValueError(f"task_r must have shape ({K},) for {K} blocks (got {task_r.shape})")
     return B @ task_R @ B.T, B @ task_r
 
 
-def two_task_correlation(n_bar, r1, r2):
+def two_task_correlation(n_bar, *, r1, r2):
     """(R, r) of the App B.1 experiment: K = 2 independent tasks with n̄ samples each (Sec 5.1).
 
     β₁, β₂ ~ N(0, I) independent and β ~ N(r₁β₁ + r₂β₂, (1 − r₁² − r₂²)I).
@@ -761,7 +762,13 @@ def two_task_correlation(n_bar, r1, r2):
 
 
 class NumericalOptimum(NamedTuple):
-    """Best of several BFGS runs on eq 37: risk, P (d, d), ω (n,), and each restart's risk."""
+    """Best of several BFGS runs on eq 37.
+
+    Attributes:
+        risk: the least risk found.
+        P: (d, d) and omega: (n,) its minimiser.
+        restart_risks: (n_restarts,) each restart's final risk.
+    """
 
     risk: float
     P: np.ndarray

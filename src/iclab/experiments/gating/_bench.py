@@ -27,16 +27,16 @@ import numpy as np
 import optax
 
 from iclab.experiments._timing import steps_fn, time_first_and_second_call
-from iclab.experiments.gating._common import K, fast_key
+from iclab.experiments.gating._common import K
 from iclab.models import gla
 from iclab.tasks import multitask as mt
 
 
 def _loss_fn(form: str, n_bar: int, d: int, contexts, batch: int, dtype):
-    factor = jnp.asarray(mt.two_task_factor(0.0, 1.0), dtype)
+    factor = jnp.asarray(mt.two_task_factor(r1=0.0, r2=1.0), dtype)
 
     def loss(params, key):
-        pr = mt.sample_blocks(fast_key(key), batch, [n_bar] * K, factor, None, 0.0, d=d, dtype=dtype)
+        pr = mt.sample_blocks(key, batch, [n_bar] * K, factor, None, 0.0, d=d, dtype=dtype)
         Z = gla.delimiter_prompt(pr.x, pr.y, pr.x_query, [n_bar] * K, contexts, query_context=0)[0]
         return jnp.mean((gla.predict(params, Z, None, label=d, form=form) - pr.y_query) ** 2)
 

@@ -12,6 +12,7 @@ from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most
 from iclab.experiments.gating._common import PANELS, PAPER
+from iclab.tasks import multitask as mt
 from iclab.theory import wpgd as theory
 
 #: Spec §4 table (d = 10, σ = 0, Σ = I, independent tasks): risk/d at n̄ = 1, 5, 10, 20, 50 [derived in the spec].
@@ -55,7 +56,7 @@ class OptimumConfig(ExperimentConfig):
         for r in self.task_rs:
             if len(r) != K:
                 raise ValueError(f"every row of task_rs must have K = {K} entries (got {r})")
-            theory.joint_task_correlation(np.asarray(self.task_R), np.asarray(r))
+            mt.joint_task_correlation(np.asarray(self.task_R), np.asarray(r))
         if self.Sigma_eigenvalues is not None and (len(self.Sigma_eigenvalues) != self.d
                                                    or min(self.Sigma_eigenvalues) <= 0):
             raise ValueError(f"Sigma_eigenvalues must be d = {self.d} positive numbers")
@@ -96,8 +97,8 @@ def run_optimum(config: OptimumConfig, reporter) -> dict:
                 out["scalar"][s, g] = theory.scalar_gating_optimum(Sigma, R, r, config.sigma2, [nb] * K).risk / d
                 out["vector"][s, g] = theory.vector_gating_optimum(Sigma, R, r, config.sigma2, [nb] * K).risk / d
                 if iso:
-                    out["eq17"][s, g] = theory.wpgd_optimal_risk_isotropic(R, r, d, config.sigma2) / d
-                    out["eq24"][s, g] = theory.linear_attention_risk_isotropic(R, r, d, config.sigma2) / d
+                    out["eq17"][s, g] = theory.wpgd_optimal_risk_isotropic(d, R, r, config.sigma2) / d
+                    out["eq24"][s, g] = theory.linear_attention_risk_isotropic(d, R, r, config.sigma2) / d
                 if nb in bfgs_n:
                     j = bfgs_n.index(nb)
                     kw = dict(n_restarts=config.bfgs_restarts, seed=config.seed)
