@@ -6,11 +6,14 @@ arrays whose answer is known (Theorem 2/3 themselves, then a 5 % error) so they 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import iclab  # noqa: F401  (float64)
+from iclab.engines import seed_keys
 from iclab.experiments import get_experiment
 from iclab.experiments.drift import _common, fig1
 from iclab.progress import Reporter
@@ -33,8 +36,8 @@ def test_tiny_run_shapes_checks_and_plot(tiny):
     assert r["trained_err"].shape == (1, G, K) and r["test_err"].shape == (1, M, B)
     assert bool(r["exact_eval"]) and np.all(r["trained_err_se"] == 0)  # restricted weights: exact evaluation
     assert r["learned_lam"].shape == (1, G) and np.all((r["learned_lam"] > 0) & (r["learned_lam"] < 1))
-    np.testing.assert_allclose(r["theory_grid"][1], theory.train_error(np.array(TINY["lams"]), 0.95, 1.0, 0.01, 8,
-                                                                       np.eye(3)), rtol=1e-12)
+    np.testing.assert_allclose(r["theory_grid"][1], theory.train_error(np.array(TINY["lams"]), gamma=0.95, sigma_w2=1.0,
+                                                                       sigma_e2=0.01, n=8, Lam=np.eye(3)), rtol=1e-12)
     checks = exp.checks(config, r)
     names = [c.name for c in checks]
     assert any(n.startswith("(a) trained GLA error = Theorem 2") for n in names)
@@ -73,15 +76,16 @@ def test_model_errors_exact_and_monte_carlo_at_the_optimum():
     difference to the optimum on shared prompts (merged weights, Monte Carlo path)."""
     config = fig1.Fig1Config(**TINY)
     lam, gamma = 0.9, 0.95
-    D1, D2, D3, _ = theory.D_sums(lam, gamma, **config.process())
-    U11, u = theory.optimal_restricted(D1, theory.Lam_tilde(config.Lam(), D2, D3))
-    E = theory.train_error(lam, gamma, Lam=config.Lam(), **config.process())
-    Et = theory.test_error(lam, gamma, Lam=config.Lam(), lam_bar=0.8, m=4, **config.process())
-    key = _common.seed_keys(config)[0]
+    D1, D2, D3, _ = theory.D_sums(lam, gamma=gamma, **config.process())
+    Lt = theory.Lam_tilde(config.Lam(), D2=D2, D3=D3)
+    U11, u = theory.optimal_restricted(D1=D1, Lam_t=Lt)
+    E = theory.train_error(lam, **config.setting(gamma))
+    Et = theory.test_error(lam, **config.setting(gamma), lam_bar=0.8, **config.test_setting(gamma, 4))
+    key = seed_keys(config.seed, config.seeds)[0]
     exact = _common.model_errors(config, {"U11": jnp.asarray(U11)[None], "u_m1": jnp.asarray([u])}, [lam], gamma,
                                  [0.8], [Et], key, m=4)
     assert exact["err"][0] == pytest.approx(Et, rel=1e-12) and exact["err_se"][0] == 0
-    W_V, W_KQ = theory.optimal_weights(D1, theory.Lam_tilde(config.Lam(), D2, D3))
+    W_V, W_KQ = theory.optimal_weights(D1=D1, Lam_t=Lt)
     mc = _common.model_errors(config, {"WV": jnp.asarray(W_V)[None], "WKQ": jnp.asarray(W_KQ)[None]}, [lam], gamma,
                               [lam], [E], key)
     assert mc["err"][0] == pytest.approx(E, rel=1e-10) and mc["err_se"][0] < 1e-10 * E
@@ -107,8 +111,8 @@ def test_rank_one_route_share_and_saddle_check():
     models off Theorem 2 that are not on the saddle: by error (at ŷ = 0) or by route (Theorem-1 route, wrong error)."""
     d, lam, g = 3, 0.8, 0.9
     proc = dict(sigma_w2=1.0, sigma_e2=0.01, n=8)
-    D1, D2, D3, _ = theory.D_sums(lam, g, **proc)
-    U11, u = theory.optimal_restricted(D1, theory.Lam_tilde(np.eye(d), D2, D3))
+    D1, D2, D3, _ = theory.D_sums(lam, gamma=g, **proc)
+    U11, u = theory.optimal_restricted(D1=D1, Lam_t=theory.Lam_tilde(np.eye(d), D2=D2, D3=D3))
     WV1, WKQ1 = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
     WV1[d, d], WKQ1[:d, :d] = u, U11  # Theorem 1's weights, merged
     WV2, WKQ2 = _saddle_weights(d, 0.5, np.eye(d)[0])
@@ -118,9 +122,9 @@ def test_rank_one_route_share_and_saddle_check():
     assert _common.rank_one_route_share(restricted).shape == (2, 5)
     assert not _common.rank_one_route_share(restricted).any()
 
-    E = theory.train_error(lam, g, Lam=np.eye(d), **proc)
-    sad = theory.rank_one_saddle_errors(lam, g, Lam=np.eye(d), **proc)
-    zero = d * theory.D_sums(lam, g, **proc)[3]
+    E = theory.train_error(lam, gamma=g, Lam=np.eye(d), **proc)
+    sad = theory.rank_one_saddle_errors(lam, gamma=g, Lam=np.eye(d), **proc)
+    zero = d * theory.D_sums(lam, gamma=g, **proc)[3]
     E3, sad3 = np.full(3, E), np.tile(sad, (3, 1))
     labels = ["a", "b", "c"]
     ok = _common.saddle_check(np.array([[E, sad[0], E * 1.01]]), E3, sad3, np.array([[0.0, 0.99, 0.0]]), labels, 0.03)
@@ -129,3 +133,47 @@ def test_rank_one_route_share_and_saddle_check():
     at_zero = _common.saddle_check(np.array([[zero]]), E3[:1], sad3[:1], np.array([[0.99]]), labels, 0.03)
     wrong_route = _common.saddle_check(np.array([[sad[0]]]), E3[:1], sad3[:1], np.array([[0.2]]), labels, 0.03)
     assert not at_zero.passed and not wrong_route.passed and at_zero.measured == wrong_route.measured == 1
+
+
+def test_config_rejects_bad_eigenvalues():
+    """The shared validator: finite, > 0, d of them."""
+    for bad, match in (([1.0, 0.0, 1.0], "finite and > 0"), ([1.0, 1.0], "d = 3")):
+        with pytest.raises(ValueError, match=match):
+            fig1.Fig1Config(**{**TINY, "eigenvalues": bad})
+    np.testing.assert_array_equal(fig1.Fig1Config(**{**TINY, "eigenvalues": [2.0, 1.0, 0.5]}).Lam(), np.diag([2.0, 1.0, 0.5]))
+
+
+def test_transformation_is_adamw_on_weights_and_scaled_adam_on_theta():
+    """One step of the configured direction at lr: AdamW on the weights (optax.adamw), Adam without weight
+    decay at theta_lr_factor × lr on θ (optax.adam), as optax's own optimisers do it."""
+    config = _common.TrainConfig(lr=0.01, weight_decay=0.05, theta_lr_factor=10.0, b2=0.99)
+    params = {"grid": {"U11": jnp.full((2, 2), 0.5), "u_m1": jnp.asarray(0.3), "theta": jnp.asarray(0.2)}}
+    grads = jax.tree_util.tree_map(lambda a: 0.1 * jnp.ones_like(a) + a, params)
+    opt = optax.chain(config.transformation(), optax.scale_by_learning_rate(config.lr))
+    upd, _ = opt.update(grads, opt.init(params), params)
+    w_opt = optax.adamw(0.01, b1=0.9, b2=0.99, weight_decay=0.05)
+    t_opt = optax.adam(0.1, b1=0.9, b2=0.99)
+    weights = {k: v for k, v in params["grid"].items() if k != "theta"}
+    want_w, _ = w_opt.update({k: grads["grid"][k] for k in weights}, w_opt.init(weights), weights)
+    want_t, _ = t_opt.update(grads["grid"]["theta"], t_opt.init(params["grid"]["theta"]))
+    for k in weights:
+        np.testing.assert_allclose(upd["grid"][k], want_w[k], rtol=1e-12)
+    np.testing.assert_allclose(upd["grid"]["theta"], want_t, rtol=1e-12)
+    gd = _common.TrainConfig(optimizer="gd", theta_lr_factor=3.0).transformation()
+    upd, _ = gd.update(grads, gd.init(params), params)
+    np.testing.assert_allclose(upd["grid"]["theta"], 3.0 * grads["grid"]["theta"], rtol=1e-15)
+    np.testing.assert_allclose(upd["grid"]["U11"], grads["grid"]["U11"], rtol=1e-15)
+
+
+def test_a_model_trained_alone_follows_its_trajectory_in_the_grid():
+    """Per-member init keys and common random numbers: the (γ = 0.95, λ = 0.9) model of a 2 × 3 grid (member
+    id 4) trained alone, with its id, ends where it ends inside the grid (float32 rounding)."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 6, "lr": 0.05})
+    gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.9, 1.0]] * 2)
+    _, grid = _common.train_groups(config, gammas, {"g": _common.Group(lams)})
+    _, alone = _common.train_groups(config, gammas[1:], {"g": _common.Group(lams[1:, 1:2], ids=np.array([[4]]))})
+    for k in grid["g"]:
+        np.testing.assert_allclose(alone["g"][k][:, 0, 0], grid["g"][k][:, 1, 1], rtol=2e-5, atol=1e-7)
+    assert not np.allclose(grid["g"]["WQ"][:, 1, 1], grid["g"]["WQ"][:, 1, 0])  # members differ: not vacuous
+    _, moved = _common.train_groups(config, gammas[1:], {"g": _common.Group(lams[1:, 1:2], ids=np.array([[5]]))})
+    assert not np.allclose(moved["g"]["WQ"][:, 0, 0], grid["g"]["WQ"][:, 1, 1], rtol=1e-3)  # the id fixes the init

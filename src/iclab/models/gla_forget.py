@@ -6,15 +6,20 @@ One layer maps tokens z_1..z_T (rows of Z, token-major; T = n+1 with the query l
 
 with no softmax, normaliser, feature map, 1/n, MLP or LayerNorm. λ ∈ (0, 1] is ONE scalar shared by
 every token; λ = 1 is linear attention (LA). The prediction is ŷ = o_{n+1}(d+1), the label
-coordinate of the query's output. Three equal forms (all positions):
+coordinate of the query's output.
 
-- recurrent (eq 5-6): the state recursion above, a ``lax.scan`` over tokens;
-- unrolled (eq 7): o_t = W_V (Σ_{i≤t} λ^{t-i} z_i z_iᵀ) W_Kᵀ W_Q z_t;
+This is the gating paper's GLA (:mod:`iclab.models.gla`) with a data-independent scalar gate,
+g_t = λ for every token: the recurrent, unrolled and parallel forms are that module's kernels
+(``gla.recurrent``, ``gla.unrolled``, ``gla.parallel``, ``gla.query_weights``) fed with the constant gate,
+so each form is written once. Equal forms (all positions):
+
+- recurrent (eqs 5-6): the state recursion above, a ``lax.scan`` over tokens;
+- unrolled (eq 7): o_t = (Σ_{i≤t} λ^{t-i} v_i k_iᵀ) q_t = W_V (Σ_{i≤t} λ^{t-i} z_i z_iᵀ) W_Kᵀ W_Q z_t, every
+  decay product formed explicitly;
 - parallel: O = (D_λ ⊙ Q Kᵀ) V with (D_λ)_{t,s} = λ^{t-s} 1[s ≤ t] (the paper's V (D_λ ⊙ KᵀQ) in
-  its column layout); for ``restricted``/``lemma2`` weights (a one-row W_V) evaluated as
-  o_t(d+1) = q_tᵀ (D_λ (v ⊙ K))_t, the same sum in another order.
-
-``scan`` is the recurrent form evaluated by an associative scan (log depth, O(T d²) work).
+  its column layout), one (T, T) mask shared by the batch; for ``restricted``/``lemma2`` weights (a
+  one-row W_V) the one value column is evaluated as o_t(d+1) = q_tᵀ (D_λ (v ⊙ K))_t, the same sum in another order;
+- scan: the recurrent form evaluated by an associative scan (log depth, O(T d²) work).
 
 ``predict(..., form="readout")`` evaluates only ŷ, in O(T d) per prompt: ŷ = Σ_i λ^{n+1-i}
 (W_V z_i)_{d+1} (k_iᵀ q_{n+1}); it is the fast path for training one layer.
@@ -45,7 +50,12 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from iclab.tasks.drift import standard_normal
+from iclab.models import gla as _gla
+
+__all__ = ["PARAMETRISATIONS", "Form", "Parametrisation", "decay_weights", "decayed_cumsum", "forget_factor",
+           "gla_layer", "gla_parallel", "gla_readout", "gla_recurrent", "gla_scan", "gla_unrolled", "init_assumption1",
+           "init_gla", "lemma2_matrix", "merged_weights", "parametrisation", "predict", "predict_linear_attention",
+           "predict_multilayer", "predict_restricted", "projections", "restricted_from_optimum"]
 
 Parametrisation = Literal["qkv", "merged", "lemma2", "restricted"]
 Form = Literal["readout", "parallel", "recurrent", "scan", "unrolled"]
@@ -53,7 +63,15 @@ PARAMETRISATIONS: tuple[str, ...] = ("qkv", "merged", "lemma2", "restricted")
 
 
 def parametrisation(params) -> Parametrisation:
-    """Which parametrisation a param dict uses (by its keys)."""
+    """Which parametrisation a param dict uses, read off its keys (``theta`` ignored).
+
+    Args:
+        params: a param dict (see the module docstring).
+    Returns:
+        ``qkv``, ``merged``, ``lemma2`` or ``restricted``.
+    Raises:
+        ValueError: for any other set of keys.
+    """
     keys = set(params) - {"theta"}
     for name, needed in (("qkv", {"WQ", "WK", "WV"}), ("merged", {"WV", "WKQ"}), ("lemma2", {"U"}),
                          ("restricted", {"U11", "u_m1"})):
@@ -65,6 +83,11 @@ def parametrisation(params) -> Parametrisation:
 def forget_factor(params, lam=None) -> jax.Array:
     """The forget factor used by a forward pass: ``lam`` if given (test-time λ̄, eq 18), else sigmoid(θ).
 
+    Args:
+        params: a param dict, optionally with a trainable ``theta``.
+        lam: an explicit forget factor, or None.
+    Returns:
+        λ as a (scalar) array.
     Raises:
         ValueError: if neither ``lam`` nor ``params["theta"]`` is given.
     """
@@ -76,7 +99,13 @@ def forget_factor(params, lam=None) -> jax.Array:
 
 
 def merged_weights(params) -> tuple[jax.Array, jax.Array]:
-    """(W^V, W^KQ = W_Kᵀ W_Q), each (d+1, d+1), of any parametrisation (eq 8, Lemma 2 mapping)."""
+    """(W^V, W^KQ = W_Kᵀ W_Q) of any parametrisation (eq 8, Lemma 2 mapping).
+
+    Args:
+        params: any parametrisation.
+    Returns:
+        (W_V, W_KQ), each (d+1, d+1).
+    """
     kind = parametrisation(params)
     if kind == "qkv":
         return params["WV"], params["WK"].T @ params["WQ"]
@@ -98,6 +127,8 @@ def merged_weights(params) -> tuple[jax.Array, jax.Array]:
 def lemma2_matrix(params) -> jax.Array:
     """U of Lemma 2 from any parametrisation: U_11 = W^KQ_11, u_12 = w^V_21, u_21 = w^KQ_21, u_{-1} = w^V_{-1}.
 
+    Args:
+        params: any parametrisation.
     Returns:
         (d+1, d+1): columns :d are the first d columns of W^KQ, column d is the last row of W^V.
     """
@@ -106,10 +137,16 @@ def lemma2_matrix(params) -> jax.Array:
 
 
 def projections(params, Z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Queries, keys and values of every token (eq 5), each (..., T, d+1).
+    """Queries, keys and values of every token (eq 5): q_t = W_Q z_t, k_t = W_K z_t, v_t = W_V z_t.
 
     ``qkv`` uses its own W_Q, W_K; every other parametrisation uses k_t = z_t, q_t = W^KQ z_t, which
     gives the same k_iᵀ q_t = z_iᵀ W_Kᵀ W_Q z_t.
+
+    Args:
+        params: any parametrisation.
+        Z: (..., T, d+1) tokens.
+    Returns:
+        (Q, K, V), each (..., T, d+1).
     """
     if parametrisation(params) == "qkv":
         return Z @ params["WQ"].T, Z @ params["WK"].T, Z @ params["WV"].T
@@ -117,58 +154,82 @@ def projections(params, Z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return Z @ WKQ.T, Z, Z @ WV.T
 
 
-def _as_float(lam) -> jax.Array:
-    lam = jnp.asarray(lam)
-    return lam if jnp.issubdtype(lam.dtype, jnp.floating) else lam.astype(float)
+def _log_gates(lam, T: int, dtype) -> jax.Array:
+    """log g_t = log λ for every token: the constant scalar gate of :mod:`iclab.models.gla`, (T,)."""
+    return jnp.broadcast_to(jnp.log(jnp.asarray(lam, dtype)), (T,))
 
 
-def decay_mask(T: int, lam) -> jax.Array:
-    """(D_λ)_{t,s} = λ^{t-s} for s ≤ t, else 0; shape (T, T) (token-major: row t is the query)."""
-    lam = _as_float(lam)
-    idx = jnp.arange(T)
-    lag = idx[:, None] - idx[None, :]
-    # exponent clipped to ≥ 0 before masking: λ^{-k} would overflow (and poison gradients) for small λ
-    return jnp.where(lag >= 0, lam ** jnp.maximum(lag, 0).astype(lam.dtype), 0.0).astype(lam.dtype)
+def _gates(lam, T: int, dtype) -> jax.Array:
+    """G_t = λ for every token, as the (T, 1, 1) gate matrices of :mod:`iclab.models.gla`."""
+    return jnp.broadcast_to(jnp.asarray(lam, dtype), (T, 1, 1))
 
 
 def decay_weights(T: int, lam) -> jax.Array:
-    """λ^{T-1-t} for t = 0..T-1: the weight of token t in the state of the last token, (T,)."""
-    lam = _as_float(lam)
-    return lam ** jnp.arange(T - 1, -1, -1).astype(lam.dtype)
+    """λ^{T-1-t} for t = 0..T-1: the weight of token t in the state of the last token.
+
+    ``gla.query_weights`` of the constant gate g_t = λ.
+
+    Args:
+        T: number of tokens.
+        lam: forget factor λ > 0 (scalar).
+    Returns:
+        (T,) weights.
+    """
+    lam = jnp.asarray(lam)
+    dtype = lam.dtype if jnp.issubdtype(lam.dtype, jnp.floating) else jnp.result_type(float)
+    return _gla.query_weights(_log_gates(lam, T, dtype), "scalar")
 
 
 def gla_parallel(params, Z: jax.Array, lam=None) -> jax.Array:
-    """Parallel form O = (D_λ ⊙ Q Kᵀ) V. Z: (..., T, d+1). Returns O: (..., T, d+1)."""
+    """Parallel form O = (D_λ ⊙ Q Kᵀ) V, (D_λ)_{t,s} = λ^{t-s} 1[s ≤ t]: ``gla.parallel`` with log g_t = log λ.
+
+    For ``restricted``/``lemma2`` params W_V has only its last row, so only the label column of V is passed
+    (one value column: no (T, T) score matrix per prompt) and the other columns of O are 0.
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+    Returns:
+        O: (..., T, d+1).
+    """
     lam = forget_factor(params, lam)
     Q, K, V = projections(params, Z)
-    D = decay_mask(Z.shape[-2], lam)
+    log_g = _log_gates(lam, Z.shape[-2], jnp.result_type(Q, lam))
     if parametrisation(params) in ("restricted", "lemma2"):
-        # W_V has only its last row, so only the label coordinate of O is nonzero, and by associativity
-        # ((D_λ ⊙ QKᵀ) v)_t = q_tᵀ Σ_s (D_λ)_{t,s} v_s k_s: one GEMM with D_λ, no (T, T) score matrix per prompt.
-        s_t = jnp.einsum("ts,...sd->...td", D, V[..., -1:] * K)
-        return jnp.zeros_like(V).at[..., -1].set(jnp.sum(s_t * Q, axis=-1))
-    scores = jnp.einsum("...td,...sd->...ts", Q, K) * D
-    return jnp.einsum("...ts,...sd->...td", scores, V)
+        o = _gla.parallel(Q, K, V[..., -1:], log_g, "scalar")
+        return jnp.zeros_like(V).at[..., -1:].set(o)
+    return _gla.parallel(Q, K, V, log_g, "scalar")
 
 
 def gla_recurrent(params, Z: jax.Array, lam=None) -> jax.Array:
-    """Recurrent form (eqs 5-6): S_t = λ S_{t-1} + v_t k_tᵀ, o_t = S_t q_t. Z: (..., T, d+1) -> O (..., T, d+1)."""
+    """Recurrent form (eqs 5-6): S_t = λ S_{t-1} + v_t k_tᵀ, o_t = S_t q_t; ``gla.recurrent`` with G_t = λ.
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+    Returns:
+        O: (..., T, d+1).
+    """
     lam = forget_factor(params, lam)
     Q, K, V = projections(params, Z)
-    S0 = jnp.zeros(Z.shape[:-2] + (V.shape[-1], K.shape[-1]), jnp.result_type(Z, lam))
-
-    def step(S, qkv):
-        q, k, v = qkv
-        S = lam * S + v[..., :, None] * k[..., None, :]
-        return S, jnp.einsum("...ij,...j->...i", S, q)
-
-    _, O = jax.lax.scan(step, S0, (jnp.moveaxis(Q, -2, 0), jnp.moveaxis(K, -2, 0), jnp.moveaxis(V, -2, 0)))
-    return jnp.moveaxis(O, 0, -2)
+    return _gla.recurrent(Q, K, V, _gates(lam, Z.shape[-2], jnp.result_type(Q, lam)))
 
 
 def decayed_cumsum(b: jax.Array, lam, axis: int) -> jax.Array:
-    """c_t = λ c_{t-1} + b_t along ``axis`` (c_1 = b_1), by an associative scan: log depth, no λ^{-k}."""
-    lam = _as_float(lam)
+    """c_t = λ c_{t-1} + b_t along ``axis`` (c_1 = b_1), by an associative scan: log depth, no λ^{-k}.
+
+    Args:
+        b: the increments.
+        lam: forget factor λ (scalar).
+        axis: the token axis of ``b``.
+    Returns:
+        c, shaped like ``b``.
+    """
+    lam = jnp.asarray(lam)
+    if not jnp.issubdtype(lam.dtype, jnp.floating):
+        lam = lam.astype(float)
     b = jnp.moveaxis(b, axis, 0)
     a = jnp.broadcast_to(lam.astype(b.dtype), (b.shape[0],) + (1,) * (b.ndim - 1))
 
@@ -184,7 +245,14 @@ def gla_scan(params, Z: jax.Array, lam=None) -> jax.Array:
 
     S_t = Σ_{i≤t} λ^{t-i} v_i k_iᵀ for every t at once (O(T d²) work, log T depth), o_t = S_t q_t.
     For ``restricted`` and ``lemma2`` params, W_V has only its last row, so only the state's last row
-    s_t = Σ_{i≤t} λ^{t-i} (v_i)_{d+1} k_i is formed (O(T d)). Z: (..., T, d+1) -> O (..., T, d+1).
+    s_t = Σ_{i≤t} λ^{t-i} (v_i)_{d+1} k_i is formed (O(T d)).
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+    Returns:
+        O: (..., T, d+1).
     """
     lam = forget_factor(params, lam)
     Q, K, V = projections(params, Z)
@@ -196,15 +264,21 @@ def gla_scan(params, Z: jax.Array, lam=None) -> jax.Array:
 
 
 def gla_unrolled(params, Z: jax.Array, lam=None) -> jax.Array:
-    """Unrolled form (eq 7) at every position: o_t = W_V (Σ_{i≤t} λ^{t-i} z_i z_iᵀ) W_Kᵀ W_Q z_t.
+    """Unrolled form (eq 7) at every position: o_t = (Σ_{i≤t} λ^{t-i} v_i k_iᵀ) q_t = W_V (Σ_{i≤t} λ^{t-i} z_i z_iᵀ) W_Kᵀ W_Q z_t.
 
-    Forms the (d+1)×(d+1) state of every prefix explicitly: O(T² d²) per prompt, a reference form.
-    Z: (..., T, d+1) -> O (..., T, d+1).
+    ``gla.unrolled`` with G_t = λ: every decay product λ^{t-i} = G_{i:t} is formed explicitly (O(T³) gate
+    products, a reference form).
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+    Returns:
+        O: (..., T, d+1).
     """
     lam = forget_factor(params, lam)
-    WV, WKQ = merged_weights(params)
-    S = jnp.einsum("ts,...si,...sj->...tij", decay_mask(Z.shape[-2], lam), Z, Z)
-    return jnp.einsum("ij,...tjk,kl,...tl->...ti", WV, S, WKQ, Z)
+    Q, K, V = projections(params, Z)
+    return _gla.unrolled(Q, K, V, _gates(lam, Z.shape[-2], jnp.result_type(Q, lam)))
 
 
 def gla_readout(params, Z: jax.Array, lam=None) -> jax.Array:
@@ -214,7 +288,12 @@ def gla_readout(params, Z: jax.Array, lam=None) -> jax.Array:
     u_{-1} z_{n+1}(d+1) x_{n+1}ᵀ U_11 x_{n+1}, which vanishes on a prompt (label slot 0) but not inside
     an L-layer model, whose residual stream fills the query's label slot.
 
-    Z: (..., n+1, d+1) -> (...,).
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., n+1, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+    Returns:
+        (...,) predictions.
     """
     lam = forget_factor(params, lam)
     T = Z.shape[-2]
@@ -236,7 +315,16 @@ _LAYER_FORMS = {"parallel": gla_parallel, "recurrent": gla_recurrent, "scan": gl
 
 
 def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Array:
-    """Outputs o_t of one GLA layer at every position in the given form. Z: (..., T, d+1)."""
+    """Outputs o_t of one GLA layer at every position (eqs 5-7) in the given form.
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+        form: ``parallel``, ``recurrent``, ``scan`` or ``unrolled``; all equal.
+    Returns:
+        O: (..., T, d+1).
+    """
     if form not in _LAYER_FORMS:
         raise ValueError(f"form must be one of {sorted(_LAYER_FORMS)} for all positions (got {form!r})")
     return _LAYER_FORMS[form](params, Z, lam)
@@ -261,7 +349,11 @@ def predict(params, Z: jax.Array, lam=None, form: Form = "readout") -> jax.Array
 def predict_linear_attention(params, Z: jax.Array) -> jax.Array:
     """Linear attention (the λ = 1 model): ŷ = (W_V Zᵀ Z W_Kᵀ W_Q z_{n+1})_{d+1}, written independently of λ.
 
-    Z: (..., n+1, d+1) -> (...,).
+    Args:
+        params: any parametrisation (``theta`` ignored).
+        Z: (..., n+1, d+1) tokens.
+    Returns:
+        (...,) predictions.
     """
     WV, WKQ = merged_weights(params)
     return jnp.einsum("j,...tj,...tk,kl,...l->...", WV[-1], Z, Z, WKQ, Z[..., -1, :])
@@ -270,7 +362,12 @@ def predict_linear_attention(params, Z: jax.Array) -> jax.Array:
 def predict_restricted(U11: jax.Array, u_m1, Z: jax.Array, lam) -> jax.Array:
     """Assumption-1 form: ŷ = u_{-1} Gᵀ U_11 x_{n+1}, G = Σ_{i≤n} λ^{n+1-i} y_i x_i (the query drops out).
 
-    Z: (..., n+1, d+1) -> (...,).
+    Args:
+        U11: (d, d); u_m1: scalar u_{-1}.
+        Z: (..., n+1, d+1) tokens.
+        lam: forget factor λ.
+    Returns:
+        (...,) predictions.
     """
     ell = decay_weights(Z.shape[-2], lam)[:-1]
     G = jnp.einsum("t,...t,...ti->...i", ell, Z[..., :-1, -1], Z[..., :-1, :-1])
@@ -318,9 +415,21 @@ def init_gla(key: jax.Array, d: int, kind: Parametrisation = "qkv", std: float =
              theta: float | None = None, dtype=jnp.float64):
     """Random Gaussian init (the paper's "random Gaussian init"; its std is unspecified): every entry N(0, std²).
 
-    ``restricted`` draws U_11 and u_{-1}; ``lemma2`` draws all of U. With ``layers`` every array gets a
-    leading layer axis. ``theta`` adds a trainable forget factor λ = sigmoid(θ) with that initial θ.
+    ``restricted`` draws U_11 and u_{-1}; ``lemma2`` draws all of U. Each array is drawn from its own key
+    (``jax.random.split``) by ``jax.random.normal`` (threefry), NOT the RBG sampler
+    :func:`iclab.tasks.standard_normal`: the joint trainer vmaps this init over member keys, and XLA's
+    ``rng_bit_generator`` batches over keys by drawing the whole batch from the FIRST key, so an RBG init
+    would not be a function of the member's own key (a member trained alone would start elsewhere). The
+    init compiles once per run, so threefry's compile time does not matter here.
 
+    Args:
+        key: PRNG key.
+        d: input dimension (tokens have width d+1).
+        kind: the parametrisation.
+        std: standard deviation of every entry.
+        layers: None for one layer, else every array gets a leading layer axis of this length.
+        theta: None, or the initial θ of a trainable forget factor λ = sigmoid(θ).
+        dtype: float dtype.
     Returns:
         params dict.
     """
@@ -330,21 +439,31 @@ def init_gla(key: jax.Array, d: int, kind: Parametrisation = "qkv", std: float =
               "restricted": {"U11": (d, d), "u_m1": ()}}[kind]
     lead = () if layers is None else (layers,)
     keys = jax.random.split(key, len(shapes))
-    params = {name: std * standard_normal(k, lead + shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
+    params = {name: std * jax.random.normal(k, lead + shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
     if theta is not None:
         params["theta"] = jnp.asarray(theta, dtype)
     return params
 
 
 def init_assumption1(Theta: jax.Array, sigma: float):
-    """Restricted params at Assumption 1 (eq 13): U_11(0) = σ ΘΘᵀ, u_{-1}(0) = σ (u_12 = u_21 = 0).
+    """Restricted params at Assumption 1 (eq 13): U_11(0) = σ ΘΘᵀ, u_{-1}(0) = σ.
 
-    Θ: (d, d) with ‖ΘΘᵀ‖_F = 1 (not re-checked here; see ``iclab.theory.drift.assumption1_init``).
+    Args:
+        Theta: (d, d) with ‖ΘΘᵀ‖_F = 1 (not re-checked here; see ``iclab.theory.drift.assumption1_init``).
+        sigma: initial scale σ.
+    Returns:
+        ``{"U11", "u_m1"}``.
     """
     Theta = jnp.asarray(Theta)
     return {"U11": sigma * Theta @ Theta.T, "u_m1": jnp.asarray(sigma, Theta.dtype)}
 
 
 def restricted_from_optimum(U11: jax.Array, u_m1) -> dict:
-    """Restricted params from (U_11, u_{-1}), e.g. the Theorem 1 optimum of ``theory.drift.optimal_restricted``."""
+    """Restricted params from (U_11, u_{-1}), e.g. the Theorem 1 optimum of ``theory.drift.optimal_restricted``.
+
+    Args:
+        U11: (d, d); u_m1: scalar u_{-1}.
+    Returns:
+        ``{"U11", "u_m1"}`` as arrays.
+    """
     return {"U11": jnp.asarray(U11), "u_m1": jnp.asarray(u_m1)}

@@ -11,7 +11,9 @@ function with their own (m, γ̄, σ̄_w², σ̄_e²) and the same Λ.
 
 The model sees the token matrix Z (eq 4, token-major here): rows z_i = (x_i, y_i) for i ≤ n and
 z_{n+1} = (x_{n+1}, 0). Batches lie along a leading axis B. γ, σ_w², σ_e² may be traced arrays, so
-a sampler can be vmapped over a grid of task processes.
+a sampler can be vmapped over a grid of task processes. The task setting is passed by keyword in the
+order of :mod:`iclab.theory.drift` (``gamma, sigma_w2, sigma_e2, n, Lam``), so one dict of it serves
+the sampler and the closed forms alike. Gaussian draws come from :func:`iclab.tasks.standard_normal`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from iclab.tasks import standard_normal
+
+__all__ = ["DriftPrompts", "sample_drift_prompts", "sample_tasks", "tokens"]
 
 
 class DriftPrompts(NamedTuple):
@@ -46,20 +52,8 @@ class DriftPrompts(NamedTuple):
         return self.y[..., -1]
 
 
-def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float64) -> jax.Array:
-    """N(0, 1) draws of the given shape from a (threefry) PRNG key, via XLA's RBG generator.
-
-    The RBG generator is seeded from four 32-bit words drawn from ``key``, so draws stay a pure
-    function of the key. Why not ``jax.random.normal(key, ...)`` directly: XLA:CPU takes seconds
-    to compile the partitionable threefry sampler at every new shape (about 3 s here, against
-    0.5 s for RBG), which would dominate a short sampled run.
-    """
-    rbg = jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
-    return jax.random.normal(rbg, shape, dtype)
-
-
-def sample_tasks(key: jax.Array, B: int, n: int, d: int, gamma, sigma_w2, sigma_e2, dtype=jnp.float64) -> jax.Array:
-    """Task vectors w_1..w_{n+1} of the AR(1) process w_i = γ w_{i-1} + e_i, w_0 ~ N(0, σ_w² I).
+def sample_tasks(key: jax.Array, B: int, d: int, *, gamma, sigma_w2, sigma_e2, n: int, dtype=jnp.float64) -> jax.Array:
+    """Task vectors w_1..w_{n+1} of the AR(1) process w_i = γ w_{i-1} + e_i, w_0 ~ N(0, σ_w² I) (eq 2).
 
     ``gamma``, ``sigma_w2`` and ``sigma_e2`` may be arrays of one shape G (a grid of processes):
     every process is then driven by the SAME standard normals (common random numbers), w_0 = σ_w ε_0,
@@ -67,8 +61,10 @@ def sample_tasks(key: jax.Array, B: int, n: int, d: int, gamma, sigma_w2, sigma_
 
     Args:
         key: PRNG key.
-        B, n, d: prompts, context length (the process runs to step n+1), dimension.
-        gamma, sigma_w2, sigma_e2: AR(1) coefficient and variances, scalars or arrays of shape G.
+        B: number of prompts.
+        d: dimension.
+        gamma, sigma_w2, sigma_e2: AR(1) coefficient γ and variances σ_w², σ_e², scalars or arrays of shape G.
+        n: context length (the process runs to step n+1).
         dtype: float dtype of the result.
     Returns:
         (*G, B, n+1, d) array; [..., i-1, :] is w_i.
@@ -90,9 +86,8 @@ def sample_tasks(key: jax.Array, B: int, n: int, d: int, gamma, sigma_w2, sigma_
     return jnp.moveaxis(w, 0, -2)
 
 
-def sample_drift_prompts(
-    key: jax.Array, Lam: jax.Array, n: int, B: int, gamma, sigma_w2, sigma_e2, dtype=None
-) -> DriftPrompts:
+def sample_drift_prompts(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam: jax.Array,
+                         dtype=None) -> DriftPrompts:
     """Draws B prompts of the drifting task (eqs 2-3): x_i ~ N(0, Λ), AR(1) w_i, y_i = ⟨w_i, x_i⟩.
 
     Inputs and task noise use independent keys (fold_in(key, 0) and fold_in(key, 1)). Given arrays
@@ -102,11 +97,11 @@ def sample_drift_prompts(
 
     Args:
         key: PRNG key.
-        Lam: (d, d) input covariance Λ.
-        n: labelled context pairs (the test length m of eq 17 for test prompts).
         B: number of prompts.
         gamma, sigma_w2, sigma_e2: task process (γ̄, σ̄_w², σ̄_e² for test prompts), scalars or
             arrays of one shape G.
+        n: labelled context pairs (the test length m of eq 17 for test prompts).
+        Lam: (d, d) input covariance Λ.
         dtype: float dtype (default Λ's).
     Returns:
         DriftPrompts with x (*G, B, n+1, d) (broadcast), y (*G, B, n+1), w (*G, B, n+1, d).
@@ -118,7 +113,8 @@ def sample_drift_prompts(
     d = Lam.shape[-1]
     chol = jnp.linalg.cholesky(Lam).astype(dtype)
     x = standard_normal(jax.random.fold_in(key, 0), (B, n + 1, d), dtype) @ chol.T
-    w = sample_tasks(jax.random.fold_in(key, 1), B, n, d, gamma, sigma_w2, sigma_e2, dtype)
+    w = sample_tasks(jax.random.fold_in(key, 1), B, d, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n,
+                     dtype=dtype)
     y = jnp.einsum("btd,...btd->...bt", x, w)
     return DriftPrompts(x=jnp.broadcast_to(x, w.shape), y=y, w=w)
 
@@ -126,6 +122,8 @@ def sample_drift_prompts(
 def tokens(prompts: DriftPrompts) -> jax.Array:
     """The prompt matrix of eq 4, token-major: z_i = (x_i, y_i) for i ≤ n, z_{n+1} = (x_{n+1}, 0).
 
+    Args:
+        prompts: a batch of drifting-task prompts.
     Returns:
         (B, n+1, d+1) array Z.
     """

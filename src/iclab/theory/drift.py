@@ -11,8 +11,19 @@ Conventions: ``lam`` is the forget factor λ, ``gamma`` the AR(1) coefficient γ
 pairs (the query is token n+1), ``Lam`` the input covariance Λ (d, d), ``Lam_t`` the matrix
 Λ̃ = D2 (2Λ + tr(Λ) I) + D3 Λ of Lemma 3, ``U11``/``u_m1`` the restricted parameters
 U_11 = W^KQ_11 and u_{-1} = w^V_{-1} of Lemma 2. Prompts are token-major,
-``Z: (..., n+1, d+1)`` with rows z_i = (x_i, y_i) and z_{n+1} = (x_{n+1}, 0).
-Errors are the MSE E[(ŷ - y_{n+1})²] (no ½); the population loss of eq 12 carries the ½.
+``Z: (..., n+1, d+1)`` with rows z_i = (x_i, y_i) and z_{n+1} = (x_{n+1}, 0). A test setting
+(Theorem 3) carries a bar: ``lam_bar``, ``gamma_bar``, ``sigma_w2_bar``, ``sigma_e2_bar`` and the test
+length ``m``.
+
+Signatures: the first positional arguments are what a function varies over (``lam``; the weights
+``U11, u_m1``; prompts ``Z``); the setting follows keyword-only, always in the order
+``gamma, sigma_w2, sigma_e2, n, Lam`` (task process) or ``D1, D4, Lam_t, Lam`` (its constants), so that
+one dict of the setting serves every function and two floats are never swapped by position.
+
+The ½ convention is in the names: an ``..._error`` is the mean squared error E[(ŷ − y_{n+1})²]
+(Theorems 2 and 3, no ½); a ``half_...`` loss is the paper's L = ½ E[(ŷ − y_{n+1})²] (eq 12) or
+its reduced form L̃ (eq 42), which carry the ½ because the gradient flow (Lemma 3,
+``gradient_flow_field``) and the PL rate (Lemma 6, eq 54) are stated for them.
 
 The D constants are computed from their defining finite sums (``D_sums``, the truth used by
 every other function); ``D_closed_form`` gives the paper's case-split closed forms, which are
@@ -35,6 +46,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import minimize_scalar
+
+__all__ = [
+    "PAPER_LMS_RLS", "D_closed_form", "D_sums", "Lam_tilde", "ar1_covariance", "ar1_variance", "assumption1_init",
+    "flow_state", "forget_case", "gradient_flow_field", "gradient_flow_rhs", "half_population_loss",
+    "half_reduced_loss", "half_reduced_loss_jax", "init_scale_bound", "lemma2_H", "lms_predictions",
+    "min_half_reduced_loss", "optimal_forget_factor", "optimal_forget_factor_grid", "optimal_prediction",
+    "optimal_restricted", "optimal_weights", "pl_constant", "rank_one_saddle_errors", "restricted_error",
+    "restricted_prediction", "rls_predictions", "split_flow_state", "test_error", "test_error_printed", "train_error",
+    "train_error_large_d", "train_error_printed", "u_lower_bound", "weights_to_U", "xi", "xi_case_I", "xi_case_II",
+]
 
 #: Reported LMS / RLS errors of Sec 5 (d = 10, σ_w² = 1, σ_e² = 0.01, μ = 0.01, RLS forget 0.98).
 PAPER_LMS_RLS = {
@@ -68,7 +89,7 @@ def _check_lam(lam):
 # ---------------------------------------------------------------------------------------------
 
 
-def ar1_variance(i, gamma, sigma_w2, sigma_e2):
+def ar1_variance(i, *, gamma, sigma_w2, sigma_e2):
     """Per-coordinate variance v_i of w_i (Lemma 1): v_i = γ^{2i} σ_w² + σ_e² Σ_{j<i} γ^{2j}.
 
     Equals γ^{2i}σ_w² + (1-γ^{2i}) σ_e²/(1-γ²) for γ ≠ 1 and σ_w² + i σ_e² for γ = 1; the
@@ -90,20 +111,21 @@ def ar1_variance(i, gamma, sigma_w2, sigma_e2):
     return float(out) if out.ndim == 0 else out
 
 
-def ar1_covariance(n, gamma, sigma_w2, sigma_e2):
+def ar1_covariance(*, gamma, sigma_w2, sigma_e2, n):
     """Covariance of w_1..w_{n+1} per coordinate (Lemma 1): c(a,b) = γ^{|a-b|} v_{min(a,b)}.
 
     E[w_a w_bᵀ] = c(a, b) I_d.
 
     Args:
-        n: context length (the matrix covers steps 1..n+1).
         gamma, sigma_w2, sigma_e2: AR(1) coefficient and variances.
+        n: context length (the matrix covers steps 1..n+1).
     Returns:
         (n+1, n+1) numpy array; entry [a-1, b-1] is c(a, b).
     """
     idx = np.arange(1, n + 2)
     a, b = np.meshgrid(idx, idx, indexing="ij")
-    return gamma ** np.abs(a - b).astype(float) * ar1_variance(np.minimum(a, b), gamma, sigma_w2, sigma_e2)
+    v = ar1_variance(np.minimum(a, b), gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2)
+    return gamma ** np.abs(a - b).astype(float) * v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +133,7 @@ def ar1_covariance(n, gamma, sigma_w2, sigma_e2):
 # ---------------------------------------------------------------------------------------------
 
 
-def D_sums(lam, gamma, sigma_w2, sigma_e2, n):
+def D_sums(lam, *, gamma, sigma_w2, sigma_e2, n):
     """D1..D4 of Lemma 3 (eqs 31, 38-39) from their defining finite sums; the module's truth.
 
     D1 = Σ_{i≤n} λ^{n+1-i} c(n+1, i),   D2 = Σ_{a≤n} λ^{2(n+1-a)} c(a, a),
@@ -126,7 +148,7 @@ def D_sums(lam, gamma, sigma_w2, sigma_e2, n):
     """
     _check_setting(gamma, sigma_w2, sigma_e2, n)
     lam = _check_lam(lam)
-    C = ar1_covariance(n, gamma, sigma_w2, sigma_e2)
+    C = ar1_covariance(gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     ell = lam[..., None] ** np.arange(n, 0, -1, dtype=float)  # λ^{n+1-i}, i = 1..n
     C_off = C[:n, :n] - np.diag(np.diag(C[:n, :n]))
     D1 = ell @ C[n, :n]
@@ -148,12 +170,18 @@ def _F(r, k):
     return r * (k - (k + 1) * r + r ** (k + 1)) / (1.0 - r) ** 2
 
 
-def forget_case(lam, gamma):
-    """Which of the paper's six closed-form cases (Lemma 3 / Theorem 4) (λ, γ) falls in.
+def forget_case(lam, *, gamma):
+    """Which of the paper's six closed-form cases of the D constants (Lemma 3 / Theorem 4) (λ, γ) falls in.
 
-    Returns one of ``"lam=gamma=1"``, ``"gamma=1"`` (λ ≠ 1), ``"lam=1"`` (γ ≠ 1),
-    ``"lam=gamma"`` (≠ 1), ``"lam=1/gamma"`` (λ, γ ≠ 1) or ``"generic"``; equalities are
-    tested to a relative tolerance of 1e-12.
+    The cases are the singular sets λ = γ = 1, γ = 1, λ = 1, λ = γ and λγ = 1 of the closed forms
+    (``D_closed_form``); equalities are tested to a relative tolerance of 1e-12.
+
+    Args:
+        lam: scalar forget factor λ.
+        gamma: scalar AR(1) coefficient γ.
+    Returns:
+        One of ``"lam=gamma=1"``, ``"gamma=1"`` (λ ≠ 1), ``"lam=1"`` (γ ≠ 1), ``"lam=gamma"`` (≠ 1),
+        ``"lam=1/gamma"`` (λ, γ ≠ 1) or ``"generic"``.
     """
     eq = lambda a, b: abs(a - b) <= _CASE_RTOL * max(abs(a), abs(b))  # noqa: E731
     l1, g1 = eq(lam, 1.0), eq(gamma, 1.0)
@@ -170,7 +198,7 @@ def forget_case(lam, gamma):
     return "generic"
 
 
-def D_closed_form(lam, gamma, sigma_w2, sigma_e2, n):
+def D_closed_form(lam, *, gamma, sigma_w2, sigma_e2, n):
     """D1..D4 from the paper's case-split closed forms (Lemma 3, eqs 31, 38-39; Theorem 4).
 
     Cases (see ``forget_case``), with s = σ_e²/(1-γ²), G(r,k) = r(1-r^k)/(1-r) and
@@ -208,7 +236,7 @@ def D_closed_form(lam, gamma, sigma_w2, sigma_e2, n):
     _check_setting(gamma, sigma_w2, sigma_e2, n)
     lam = float(_check_lam(lam))
     g, sw, se = float(gamma), float(sigma_w2), float(sigma_e2)
-    case = forget_case(lam, g)
+    case = forget_case(lam, gamma=g)
     if case == "lam=gamma=1":
         D1 = D2 = n * sw + n * (n + 1) / 2 * se
         D3 = n * (n - 1) * sw + (n**3 - n) / 3 * se
@@ -252,7 +280,7 @@ def D_closed_form(lam, gamma, sigma_w2, sigma_e2, n):
     return D1, D2, W * sw + (2 * T - W) * s, D4
 
 
-def Lam_tilde(Lam, D2, D3):
+def Lam_tilde(Lam, *, D2, D3):
     """Λ̃ = D2 (2Λ + tr(Λ) I) + D3 Λ (Lemma 3, eq 39).
 
     Args:
@@ -360,15 +388,16 @@ def assumption1_init(Theta, sigma):
     return sigma * Theta @ Theta.T, float(sigma)
 
 
-def gradient_flow_field(U11, u_m1, D1, Lam_t, Lam):
+def gradient_flow_field(U11, u_m1, *, D1, Lam_t, Lam):
     """Right-hand side of the restricted gradient flow (Lemma 3, eqs 26-27 / 39, 41).
 
     dU11/dt = -u_{-1}² Λ̃ Λ U11 Λ + D1 u_{-1} Λ²,
     du_{-1}/dt = -u_{-1} tr(Λ̃ Λ U11 Λ U11ᵀ) + D1 tr(Λ² U11ᵀ);
-    the negative gradient of ``reduced_loss``.
+    the negative gradient of the reduced loss L̃ (``half_reduced_loss``, which carries the paper's ½).
 
     Args:
-        U11: (d, d); u_m1: scalar; D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
+        U11: (d, d) U_11; u_m1: scalar u_{-1}.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         (dU11 (d, d), du_m1 float).
     """
@@ -381,6 +410,8 @@ def gradient_flow_field(U11, u_m1, D1, Lam_t, Lam):
 def flow_state(U11, u_m1):
     """Pack (U11, u_{-1}) into the flat state y = (vec_row(U11), u_{-1}) used by ``gradient_flow_rhs``.
 
+    Args:
+        U11: (d, d) U_11; u_m1: scalar u_{-1}.
     Returns:
         (d² + 1,) numpy array.
     """
@@ -388,17 +419,23 @@ def flow_state(U11, u_m1):
 
 
 def split_flow_state(y):
-    """Inverse of ``flow_state``: y (d²+1,) -> (U11 (d, d), u_m1 float)."""
+    """Inverse of ``flow_state``: y = (vec_row(U11), u_{-1}) -> (U11, u_{-1}).
+
+    Args:
+        y: (d²+1,) flat state.
+    Returns:
+        (U11 (d, d), u_m1 float).
+    """
     y = np.asarray(y, dtype=float)
     d = int(round(np.sqrt(y.size - 1)))
     return y[:-1].reshape(d, d), float(y[-1])
 
 
-def gradient_flow_rhs(D1, Lam_t, Lam):
+def gradient_flow_rhs(*, D1, Lam_t, Lam):
     """Lemma 3 (eqs 26-27) as f(t, y) on the flat state of ``flow_state``, for scipy's solve_ivp.
 
     Args:
-        D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         callable f(t, y) -> (d²+1,) array.
     """
@@ -406,19 +443,21 @@ def gradient_flow_rhs(D1, Lam_t, Lam):
 
     def f(t, y):
         U11, u = split_flow_state(y)
-        dU, du = gradient_flow_field(U11, u, D1, Lam_t, Lam)
+        dU, du = gradient_flow_field(U11, u, D1=D1, Lam_t=Lam_t, Lam=Lam)
         return flow_state(dU, du)
 
     return f
 
 
-def reduced_loss(U11, u_m1, D1, Lam_t, Lam):
+def half_reduced_loss(U11, u_m1, *, D1, Lam_t, Lam):
     """Reduced loss L̃ (Lemma 4, eq 42): ½ u_{-1}² tr(Λ̃ Λ U11 Λ U11ᵀ) - D1 u_{-1} tr(Λ² U11ᵀ).
 
-    L̃ = L - ½ D4 tr Λ, with L the population loss of eq 12 at u12 = u21 = 0.
+    L̃ = L − ½ D4 tr Λ, with L = ½ E[(ŷ − y_{n+1})²] the population loss of eq 12 at u12 = u21 = 0: it
+    carries the paper's ½ (hence the name), and so does its minimum ``min_half_reduced_loss``.
 
     Args:
-        U11: (d, d); u_m1: scalar; D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
+        U11: (d, d) U_11; u_m1: scalar u_{-1}.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         float.
     """
@@ -428,29 +467,36 @@ def reduced_loss(U11, u_m1, D1, Lam_t, Lam):
     )
 
 
-def reduced_loss_jax(U11, u_m1, D1, Lam_t, Lam):
-    """``reduced_loss`` (eq 42) in jax.numpy: traceable and differentiable, for the population engine.
+def half_reduced_loss_jax(U11, u_m1, *, D1, Lam_t, Lam):
+    """``half_reduced_loss`` (eq 42, with the paper's ½) in jax.numpy: traceable and differentiable.
+
+    L̃ = ½ u_{-1}² tr(Λ̃ Λ U11 Λ U11ᵀ) − D1 u_{-1} tr(Λ² U11ᵀ); its gradient flow is Lemma 3's
+    (``gradient_flow_field``), which the population engine integrates.
 
     Args:
-        U11: (d, d); u_m1: scalar; D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ (jax or numpy arrays).
+        U11: (d, d) U_11; u_m1: scalar u_{-1} (jax or numpy).
+        D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ (jax or numpy arrays).
     Returns:
         scalar jax array.
     """
     return 0.5 * u_m1**2 * jnp.trace(Lam_t @ Lam @ U11 @ Lam @ U11.T) - D1 * u_m1 * jnp.trace(Lam @ Lam @ U11.T)
 
 
-def population_loss(U11, u_m1, D1, D4, Lam_t, Lam):
-    """Population loss of eq 12, L = ½ E[(ŷ - y_{n+1})²], at u12 = u21 = 0: L̃ + ½ D4 tr Λ.
+def half_population_loss(U11, u_m1, *, D1, D4, Lam_t, Lam):
+    """Population loss of eq 12 WITH its ½, L = ½ E[(ŷ − y_{n+1})²], at u12 = u21 = 0: L̃ + ½ D4 tr Λ.
+
+    Twice this is the error ``restricted_error`` at the training setting.
 
     Args:
-        U11: (d, d); u_m1, D1, D4: scalars; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
+        U11: (d, d) U_11; u_m1: scalar u_{-1}.
+        D1, D4: scalars from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         float.
     """
-    return reduced_loss(U11, u_m1, D1, Lam_t, Lam) + 0.5 * D4 * float(np.trace(Lam))
+    return half_reduced_loss(U11, u_m1, D1=D1, Lam_t=Lam_t, Lam=Lam) + 0.5 * D4 * float(np.trace(Lam))
 
 
-def restricted_error(U11, u_m1, lam, gamma, sigma_w2, sigma_e2, n, Lam):
+def restricted_error(U11, u_m1, *, lam, gamma, sigma_w2, sigma_e2, n, Lam):
     """Exact error E[(ŷ - y_{n+1})²] of ANY restricted model ŷ = u_{-1} Gᵀ U11 x_{n+1} on prompts of a setting.
 
     G = Σ_{i≤n} λ^{n+1-i} y_i x_i; from E[G Gᵀ] = Λ̃ Λ and E[G w_{n+1}ᵀ] = D1 Λ (Lemma 3) with the D's
@@ -458,9 +504,10 @@ def restricted_error(U11, u_m1, lam, gamma, sigma_w2, sigma_e2, n, Lam):
 
         E = u_{-1}² tr(Λ̃ Λ U11 Λ U11ᵀ) - 2 D1 u_{-1} tr(Λ² U11ᵀ) + D4 tr Λ = 2 L (eq 12, eq 42).
 
-    At the training setting this is twice ``population_loss``; at Theorem 1's weights it is Theorem 2
-    (training setting) or Theorem 3 (a test setting with λ̄, γ̄, σ̄_w², σ̄_e², m). It lets a trained
-    restricted model be evaluated without Monte Carlo.
+    An error (no ½): at the training setting this is twice ``half_population_loss``; at Theorem 1's
+    weights it is Theorem 2 (training setting) or Theorem 3 (a test setting with λ̄, γ̄, σ̄_w², σ̄_e², m,
+    passed here as lam, gamma, sigma_w2, sigma_e2, n). It lets a trained restricted model be evaluated
+    without Monte Carlo.
 
     Args:
         U11: (..., d, d); u_m1: (...) (any leading shape, broadcast).
@@ -470,9 +517,9 @@ def restricted_error(U11, u_m1, lam, gamma, sigma_w2, sigma_e2, n, Lam):
     Returns:
         (...) array (a float for unbatched weights).
     """
-    D1, D2, D3, D4 = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    D1, D2, D3, D4 = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     Lam = np.asarray(Lam, dtype=float)
-    Lt = Lam_tilde(Lam, D2, D3)
+    Lt = Lam_tilde(Lam, D2=D2, D3=D3)
     U11, u = np.asarray(U11, dtype=float), np.asarray(u_m1, dtype=float)
     quad = np.einsum("ij,...jk,kl,...il->...", Lt @ Lam, U11, Lam, U11)  # tr(Λ̃Λ U Λ Uᵀ)
     lin = np.einsum("ij,...ij->...", Lam @ Lam, U11)
@@ -480,11 +527,11 @@ def restricted_error(U11, u_m1, lam, gamma, sigma_w2, sigma_e2, n, Lam):
     return float(E) if E.ndim == 0 else E
 
 
-def min_reduced_loss(D1, Lam_t, Lam):
-    """Minimum of the reduced loss (Corollary 1, eq 43): -½ D1² tr(Λ² Λ̃⁻¹).
+def min_half_reduced_loss(*, D1, Lam_t, Lam):
+    """Minimum of the reduced loss L̃ (Corollary 1, eq 43), with the paper's ½: −½ D1² tr(Λ² Λ̃⁻¹).
 
     Args:
-        D1: scalar; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         float.
     """
@@ -492,7 +539,7 @@ def min_reduced_loss(D1, Lam_t, Lam):
     return float(-0.5 * D1**2 * np.trace(Lam @ Lam @ np.linalg.inv(Lam_t)))
 
 
-def init_scale_bound(D1, Lam_t):
+def init_scale_bound(*, D1, Lam_t):
     """Largest initial scale of Lemma 6 (eq 49): σ < √(2 D1 / (√d ‖Λ̃‖₂)).
 
     Constants reconstructed from garbled OCR [R]; ‖Λ̃‖ is read as the spectral norm.
@@ -507,13 +554,14 @@ def init_scale_bound(D1, Lam_t):
     return float(np.sqrt(2.0 * D1 / (np.sqrt(d) * np.linalg.norm(Lam_t, 2))))
 
 
-def u_lower_bound(sigma, Theta, Lam, D1, Lam_t):
+def u_lower_bound(sigma, Theta, *, D1, Lam_t, Lam):
     """Lower bound on u_{-1}(t) along the flow (Lemma 6, eq 50) [R, constants uncertain].
 
     u_{-1}(t) ≥ √(σ² ‖ΛΘ‖_F² (2D1 - √d σ² ‖Λ̃‖₂) / (2 D1 √d ‖Λ̃‖₂)).
 
     Args:
-        sigma: initial scale; Theta: (d, d); Lam: (d, d) Λ; D1: scalar; Lam_t: (d, d) Λ̃.
+        sigma: initial scale σ of Assumption 1; Theta: (d, d) Θ.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
         float.
     """
@@ -524,15 +572,16 @@ def u_lower_bound(sigma, Theta, Lam, D1, Lam_t):
     return float(np.sqrt(sigma**2 * lt * (2 * D1 - np.sqrt(d) * sigma**2 * nt) / (2 * D1 * np.sqrt(d) * nt)))
 
 
-def pl_constant(sigma, Theta, Lam, D1, Lam_t):
+def pl_constant(sigma, Theta, *, D1, Lam_t, Lam):
     """PL constant α of eq 54 [R, constants uncertain]: L̃(t) - L̃* ≤ e^{-αt} (L̃(0) - L̃*).
 
     α = σ² ‖ΛΘ‖_F² (2D1 - √d σ² ‖Λ̃‖₂) / (D1 √d ‖Λ̃‖₂ tr(Λ⁻¹Λ̃⁻¹) tr(Λ⁻¹)).
 
     Args:
-        sigma: initial scale; Theta: (d, d); Lam: (d, d) Λ; D1: scalar; Lam_t: (d, d) Λ̃.
+        sigma: initial scale σ of Assumption 1; Theta: (d, d) Θ.
+        D1: scalar from ``D_sums``; Lam_t: (d, d) Λ̃; Lam: (d, d) Λ.
     Returns:
-        float α.
+        float α (for L̃, which carries the paper's ½).
     """
     Lam, Lam_t = np.asarray(Lam, dtype=float), np.asarray(Lam_t, dtype=float)
     d = Lam.shape[0]
@@ -548,7 +597,7 @@ def pl_constant(sigma, Theta, Lam, D1, Lam_t):
 # ---------------------------------------------------------------------------------------------
 
 
-def optimal_restricted(D1, Lam_t):
+def optimal_restricted(*, D1, Lam_t):
     """Limit of the flow from Assumption 1 (eqs 46, 57): U11 = √(D1/‖Λ̃⁻¹‖_F) Λ̃⁻¹, u_{-1} = √(D1 ‖Λ̃⁻¹‖_F).
 
     So u_{-1} U11 = D1 Λ̃⁻¹ (eq 46) and u_{-1}² = ‖U11‖_F² (Lemma 5).
@@ -563,7 +612,7 @@ def optimal_restricted(D1, Lam_t):
     return np.sqrt(D1 / f) * inv, float(np.sqrt(D1 * f))
 
 
-def optimal_weights(D1, Lam_t):
+def optimal_weights(*, D1, Lam_t):
     """Theorem 1 (eq 14) weights: W^V = √(D1‖Λ̃⁻¹‖_F) e e ᵀ, W^KQ = √(D1/‖Λ̃⁻¹‖_F) [[Λ̃⁻¹, 0], [0, 0]].
 
     e is the last basis vector of R^{d+1}.
@@ -573,7 +622,7 @@ def optimal_weights(D1, Lam_t):
     Returns:
         (W_V (d+1, d+1), W_KQ (d+1, d+1)).
     """
-    U11, u = optimal_restricted(D1, Lam_t)
+    U11, u = optimal_restricted(D1=D1, Lam_t=Lam_t)
     d = U11.shape[0]
     W_V = np.zeros((d + 1, d + 1))
     W_V[d, d] = u
@@ -582,7 +631,7 @@ def optimal_weights(D1, Lam_t):
     return W_V, W_KQ
 
 
-def optimal_prediction(Z, lam, D1, Lam_t):
+def optimal_prediction(Z, lam, *, D1, Lam_t):
     """Prediction of the trained model (eq 15; eq 18 at test): ŷ = D1 Σ_{i≤n} λ^{n+1-i} y_i x_iᵀ Λ̃⁻¹ x_{n+1}.
 
     Args:
@@ -618,7 +667,7 @@ def _eig(Lam):
     return mu
 
 
-def train_error(lam, gamma, sigma_w2, sigma_e2, n, Lam):
+def train_error(lam, *, gamma, sigma_w2, sigma_e2, n, Lam):
     """Train error E[(ŷ_{n+1} - y_{n+1})²] at the optimum (Theorem 2, simplified eq 16).
 
     E = D4 tr Λ - D1² tr(Λ² Λ̃⁻¹) = Σ_k [D4 μ_k - D1² μ_k² / (D2 (2μ_k + tr Λ) + D3 μ_k)],
@@ -632,13 +681,13 @@ def train_error(lam, gamma, sigma_w2, sigma_e2, n, Lam):
         float or array shaped like ``lam``.
     """
     mu = _eig(Lam)
-    D1, D2, D3, D4 = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    D1, D2, D3, D4 = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     D1, D2, D3 = (np.asarray(v)[..., None] for v in (D1, D2, D3))
     E = D4 * mu.sum() - np.sum(D1**2 * mu**2 / (D2 * (2 * mu + mu.sum()) + D3 * mu), axis=-1)
     return float(E) if E.ndim == 0 else E
 
 
-def rank_one_saddle_errors(lam, gamma, sigma_w2, sigma_e2, n, Lam):
+def rank_one_saddle_errors(lam, *, gamma, sigma_w2, sigma_e2, n, Lam):
     """Train errors at the rank-one stationary points of the full-weight GLA loss, one per eigenvector of Λ.
 
     With every weight of eq 8 trainable (Lemma 2's U = [[U11, u12], [u21ᵀ, u_{-1}]]), the prediction is
@@ -660,11 +709,12 @@ def rank_one_saddle_errors(lam, gamma, sigma_w2, sigma_e2, n, Lam):
         (..., d) errors E_k, one per eigenvalue of Λ (in ``_eig``'s order), for ``lam`` of shape (...).
     """
     mu = _eig(Lam)
-    D1, D2, D3, D4 = (np.asarray(v)[..., None] for v in D_sums(lam, gamma, sigma_w2, sigma_e2, n))
+    D = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
+    D1, D2, D3, D4 = (np.asarray(v)[..., None] for v in D)
     return D4 * mu.sum() - D1**2 * mu**2 / (D2 * (2 * mu + mu.sum()) + D3 * mu)
 
 
-def train_error_printed(lam, gamma, sigma_w2, sigma_e2, n, Lam):
+def train_error_printed(lam, *, gamma, sigma_w2, sigma_e2, n, Lam):
     """Train error in the form printed as eq 16 (Theorem 2), evaluated literally with matrices.
 
     D1² tr(D2 (Λ tr(Λ̃⁻¹ΛΛ̃⁻¹Λ) + 2ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D3 ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D4 tr Λ - 2 D1² tr(ΛΛ̃⁻¹Λ).
@@ -674,54 +724,42 @@ def train_error_printed(lam, gamma, sigma_w2, sigma_e2, n, Lam):
     Returns:
         float.
     """
-    D = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    D = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     return _printed_error(D[0], D[1:3], D[0], D[1], D[2], D[3], Lam)
 
 
 def _printed_error(D1, D23_train, D1b, D2b, D3b, D4b, Lam):
     Lam = np.asarray(Lam, dtype=float)
-    Lt = Lam_tilde(Lam, *D23_train)
+    Lt = Lam_tilde(Lam, D2=D23_train[0], D3=D23_train[1])
     Li = np.linalg.inv(Lt)
     B = Lam @ Li @ Lam @ Li @ Lam
     inner = D2b * (Lam * np.trace(Li @ Lam @ Li @ Lam) + 2 * B) + D3b * B
     return float(D1**2 * np.trace(inner) + D4b * np.trace(Lam) - 2 * D1 * D1b * np.trace(Lam @ Li @ Lam))
 
 
-def _test_setting(gamma, sigma_w2, sigma_e2, n, gamma_bar, sigma_w2_bar, sigma_e2_bar, m):
-    return (
-        gamma if gamma_bar is None else gamma_bar,
-        sigma_w2 if sigma_w2_bar is None else sigma_w2_bar,
-        sigma_e2 if sigma_e2_bar is None else sigma_e2_bar,
-        n if m is None else m,
-    )
+def test_error(lam, *, gamma, sigma_w2, sigma_e2, n, Lam, lam_bar, gamma_bar, sigma_w2_bar, sigma_e2_bar, m):
+    """Test error E[(ŷ_{m+1} − y_{m+1})²] of the trained model on a shifted prompt (Theorem 3, eq 19), eigen form.
 
-
-def test_error(
-    lam, gamma, sigma_w2, sigma_e2, n, Lam, *,
-    lam_bar=None, gamma_bar=None, sigma_w2_bar=None, sigma_e2_bar=None, m=None,
-):
-    """Test error of the trained model on a shifted prompt (Theorem 3, eq 19), eigen form.
-
-    E = Σ_k [D̄4 μ_k + μ_k² (D1² Λ̄̃_k / Λ̃_k² - 2 D1 D̄1 / Λ̃_k)], with Λ̃_k = D2(2μ_k + trΛ) + D3 μ_k
-    from TRAINING (λ, γ, σ_w², σ_e², n) and D̄1..D̄4, Λ̄̃_k the same formulas at the test setting
-    (λ̄, γ̄, σ̄_w², σ̄_e², m). Inputs keep the covariance Λ. Test arguments left as None take the
-    training value. The OCR's leading coefficient "Di" is read as D1² [R, Monte-Carlo verified;
-    the reading D1 is rejected by the tests].
+    E = Σ_k [D̄4 μ_k + μ_k² (D1² Λ̄̃_k / Λ̃_k² − 2 D1 D̄1 / Λ̃_k)], with Λ̃_k = D2(2μ_k + trΛ) + D3 μ_k
+    from TRAINING (λ, γ, σ_w², σ_e², n) and D̄1..D̄4, Λ̄̃_k the same formulas at the TEST setting
+    (λ̄, γ̄, σ̄_w², σ̄_e², m); μ_k are the eigenvalues of Λ, which test inputs share. Every test argument is
+    required: the test setting is never filled in from the training one (pass the training values to
+    test at them; then this is Theorem 2, ``train_error``). The OCR's leading coefficient "Di" is read as
+    D1² [R, Monte-Carlo verified; the reading D1 is rejected by the tests].
 
     Args:
         lam: training forget factor λ (scalar).
-        gamma, sigma_w2, sigma_e2, n: training setting; Lam: (d, d) input covariance or (d,)
-            its eigenvalues.
-        lam_bar: test-time forget factor λ̄, scalar or array (default λ).
-        gamma_bar, sigma_w2_bar, sigma_e2_bar, m: test task process and context length.
+        gamma, sigma_w2, sigma_e2, n: training task process and context length.
+        Lam: (d, d) input covariance or (d,) its eigenvalues.
+        lam_bar: test-time forget factor λ̄, scalar or array.
+        gamma_bar, sigma_w2_bar, sigma_e2_bar, m: test task process γ̄, σ̄_w², σ̄_e² and test context length m.
     Returns:
         float or array shaped like ``lam_bar``.
     """
     mu = _eig(Lam)
     tr = mu.sum()
-    gb, swb, seb, mb = _test_setting(gamma, sigma_w2, sigma_e2, n, gamma_bar, sigma_w2_bar, sigma_e2_bar, m)
-    D1, D2, D3, _ = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
-    Db1, Db2, Db3, Db4 = D_sums(lam if lam_bar is None else lam_bar, gb, swb, seb, mb)
+    D1, D2, D3, _ = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
+    Db1, Db2, Db3, Db4 = D_sums(lam_bar, gamma=gamma_bar, sigma_w2=sigma_w2_bar, sigma_e2=sigma_e2_bar, n=m)
     Db1, Db2, Db3 = (np.asarray(v)[..., None] for v in (Db1, Db2, Db3))
     Lt = D2 * (2 * mu + tr) + D3 * mu
     Ltb = Db2 * (2 * mu + tr) + Db3 * mu
@@ -729,26 +767,27 @@ def test_error(
     return float(E) if E.ndim == 0 else E
 
 
-def test_error_printed(
-    lam, gamma, sigma_w2, sigma_e2, n, Lam, *,
-    lam_bar=None, gamma_bar=None, sigma_w2_bar=None, sigma_e2_bar=None, m=None,
-):
+def test_error_printed(lam, *, gamma, sigma_w2, sigma_e2, n, Lam, lam_bar, gamma_bar, sigma_w2_bar, sigma_e2_bar, m):
     """Test error in the form printed as eq 19 (Theorem 3), evaluated literally with matrices.
 
-    D1² tr(D̄2 (Λ tr(Λ̃⁻¹ΛΛ̃⁻¹Λ) + 2ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D̄3 ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D̄4 tr Λ - 2 D1 D̄1 tr(ΛΛ̃⁻¹Λ),
-    Λ̃ and D1 from training. The OCR's leading "Di" is read as D1² [R]. Arguments as in
-    ``test_error`` (scalar λ̄ only).
+    D1² tr(D̄2 (Λ tr(Λ̃⁻¹ΛΛ̃⁻¹Λ) + 2ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D̄3 ΛΛ̃⁻¹ΛΛ̃⁻¹Λ) + D̄4 tr Λ − 2 D1 D̄1 tr(ΛΛ̃⁻¹Λ),
+    Λ̃ and D1 from training, D̄ from the test setting. The OCR's leading "Di" is read as D1² [R].
 
+    Args:
+        lam: training forget factor λ (scalar).
+        gamma, sigma_w2, sigma_e2, n: training task process and context length.
+        Lam: (d, d) input covariance.
+        lam_bar: test-time forget factor λ̄ (scalar).
+        gamma_bar, sigma_w2_bar, sigma_e2_bar, m: test task process and test context length, all required.
     Returns:
         float.
     """
-    gb, swb, seb, mb = _test_setting(gamma, sigma_w2, sigma_e2, n, gamma_bar, sigma_w2_bar, sigma_e2_bar, m)
-    D1, D2, D3, _ = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
-    Db = D_sums(lam if lam_bar is None else lam_bar, gb, swb, seb, mb)
+    D1, D2, D3, _ = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
+    Db = D_sums(lam_bar, gamma=gamma_bar, sigma_w2=sigma_w2_bar, sigma_e2=sigma_e2_bar, n=m)
     return _printed_error(D1, (D2, D3), *Db, Lam)
 
 
-def xi(lam, gamma, sigma_w2, sigma_e2, n):
+def xi(lam, *, gamma, sigma_w2, sigma_e2, n):
     """ξ(λ) = D1²/D2, the λ-dependent part of the large-d train error d D4 - ξ (Sec 4, Λ = I).
 
     Maximised exactly at λ = γ (Cauchy-Schwarz on the sums; D1 = D2 there), where ξ(γ) = D2(γ).
@@ -759,11 +798,11 @@ def xi(lam, gamma, sigma_w2, sigma_e2, n):
     Returns:
         float or array shaped like ``lam``.
     """
-    D1, D2, _, _ = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    D1, D2, _, _ = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     return D1**2 / D2
 
 
-def xi_case_I(lam, gamma, sigma_w2, n):
+def xi_case_I(lam, *, gamma, sigma_w2, n):
     """Case I (σ_e ≪ σ_w) approximation of ξ: γ^{2n+2}(λ+γ)(λⁿ-γⁿ)/((λ-γ)(λⁿ+γⁿ)) σ_w² [R].
 
     Exact when σ_e² = 0; the λ = γ limit nγ^{2n+2}σ_w² is used there.
@@ -781,7 +820,7 @@ def xi_case_I(lam, gamma, sigma_w2, n):
     return float(out) if out.ndim == 0 else out
 
 
-def xi_case_II(lam, gamma, sigma_e2):
+def xi_case_II(lam, *, gamma, sigma_e2):
     """Case II (large n) approximation of ξ: γ²(1-λ²)σ_e² / ((1-γ²)(1-λγ)²) [R]; the n → ∞ limit for λ, γ < 1.
 
     Args:
@@ -794,7 +833,7 @@ def xi_case_II(lam, gamma, sigma_e2):
     return float(out) if out.ndim == 0 else out
 
 
-def train_error_large_d(lam, gamma, sigma_w2, sigma_e2, n, d):
+def train_error_large_d(lam, *, gamma, sigma_w2, sigma_e2, n, d):
     """Large-d approximation of the Λ = I train error (Sec 4): d D4 - ξ(λ), ξ = D1²/D2.
 
     Args:
@@ -802,11 +841,11 @@ def train_error_large_d(lam, gamma, sigma_w2, sigma_e2, n, d):
     Returns:
         float or array shaped like ``lam``.
     """
-    D1, D2, _, D4 = D_sums(lam, gamma, sigma_w2, sigma_e2, n)
+    D1, D2, _, D4 = D_sums(lam, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n)
     return d * D4 - D1**2 / D2
 
 
-def optimal_forget_factor(gamma, sigma_w2, sigma_e2, n, Lam, bounds=(1e-3, 1.0), xatol=1e-10):
+def optimal_forget_factor(*, gamma, sigma_w2, sigma_e2, n, Lam, bounds=(1e-3, 1.0), xatol=1e-10):
     """λ* = argmin_λ of the Theorem 2 train error, by bounded scalar minimisation.
 
     A 201-point grid over ``bounds`` locates the basin; scipy's bounded Brent method then refines
@@ -824,20 +863,17 @@ def optimal_forget_factor(gamma, sigma_w2, sigma_e2, n, Lam, bounds=(1e-3, 1.0),
     if not 0 < lo < hi:
         raise ValueError(f"bounds must satisfy 0 < lo < hi (got {bounds})")
     grid = np.linspace(lo, hi, 201)
-    k = int(np.argmin(train_error(grid, gamma, sigma_w2, sigma_e2, n, Lam)))
+    setting = dict(gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam)
+    k = int(np.argmin(train_error(grid, **setting)))
     a, b = grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]
-    res = minimize_scalar(
-        lambda l: train_error(l, gamma, sigma_w2, sigma_e2, n, Lam), bounds=(a, b), method="bounded",
-        options={"xatol": xatol},
-    )
+    res = minimize_scalar(lambda l: train_error(l, **setting), bounds=(a, b), method="bounded", options={"xatol": xatol})
     # the bounded method never evaluates the end points; an optimum at the bound is kept.
-    cands = [(float(res.fun), float(res.x)), (train_error(a, gamma, sigma_w2, sigma_e2, n, Lam), float(a)),
-             (train_error(b, gamma, sigma_w2, sigma_e2, n, Lam), float(b))]
+    cands = [(float(res.fun), float(res.x)), (train_error(a, **setting), float(a)), (train_error(b, **setting), float(b))]
     err, lam_star = min(cands)
     return lam_star, err
 
 
-def optimal_forget_factor_grid(lams, gamma, sigma_w2, sigma_e2, n, Lam):
+def optimal_forget_factor_grid(lams, *, gamma, sigma_w2, sigma_e2, n, Lam):
     """Grid argmin of the Theorem 2 train error over the given λ values (the starred λ of Fig 1a).
 
     Args:
@@ -847,7 +883,7 @@ def optimal_forget_factor_grid(lams, gamma, sigma_w2, sigma_e2, n, Lam):
         (lam_star float, err float).
     """
     lams = np.asarray(lams, dtype=float).ravel()
-    E = train_error(lams, gamma, sigma_w2, sigma_e2, n, Lam)
+    E = train_error(lams, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam)
     k = int(np.argmin(E))
     return float(lams[k]), float(E[k])
 
@@ -857,7 +893,7 @@ def optimal_forget_factor_grid(lams, gamma, sigma_w2, sigma_e2, n, Lam):
 # ---------------------------------------------------------------------------------------------
 
 
-def lms_predictions(X, y, mu=0.01, w0=None):
+def lms_predictions(X, y, *, mu=0.01, w0=None):
     """A-priori LMS predictions ŷ_t = ŵ_{t-1}ᵀ x_t, ŵ_t = ŵ_{t-1} + μ x_t (y_t - ŷ_t) (Sec 5 baseline).
 
     Paper: μ = 0.01. ŵ_0 is UNSPECIFIED; default 0.
@@ -879,7 +915,7 @@ def lms_predictions(X, y, mu=0.01, w0=None):
     return jnp.moveaxis(yh, 0, -1)
 
 
-def rls_predictions(X, y, beta=0.98, delta=100.0, w0=None):
+def rls_predictions(X, y, *, beta=0.98, delta=100.0, w0=None):
     """A-priori exponentially weighted RLS predictions (Sec 5 baseline), forget factor β.
 
     ŷ_t = ŵ_{t-1}ᵀ x_t; k_t = P x_t / (β + x_tᵀ P x_t); ŵ_t = ŵ_{t-1} + k_t (y_t - ŷ_t);

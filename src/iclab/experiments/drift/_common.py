@@ -1,12 +1,14 @@
 """Shared pieces of the drift experiments: the task config, one training entry point for a grid of
 GLA models, and their evaluation against the Theorem 2/3 closed forms.
 
-Training (spec §5): AdamW on the mean squared query error, a fresh batch of prompts per step
-(``sampled.minibatch``). A whole grid of models, one per (γ, λ) — and per layer count — is trained in
-ONE run: their losses are summed and Adam/AdamW act elementwise, so every model follows exactly the
-updates it would get alone. All models share each step's random numbers (common random numbers:
-one set of inputs and standard normals drives the AR(1) process of every γ), which makes the
-sweeps smooth and costs the random numbers of one model.
+Training (spec §5): AdamW on the mean squared query error, a fresh batch of prompts per step, through
+the joint trainer :func:`iclab.engines.train_members`. A whole grid of models, one per (γ, λ) — and
+per layer count, one :class:`~iclab.engines.Members` group each — is trained in ONE run: their losses
+are summed and Adam/AdamW act elementwise, so every model follows exactly the updates it would get
+alone. All models share each step's random numbers (common random numbers: one set of inputs and
+standard normals drives the AR(1) process of every γ), which makes the sweeps smooth and costs the
+random numbers of one model. Model m of seed s is initialised from fold_in(fold_in(key_s, 1), m)
+(its own key: a model trained alone starts where it starts in the grid).
 
 Evaluation (``model_errors``): a one-layer model with restricted weights (U_11, u_{-1}) is evaluated
 EXACTLY, by ``theory.drift.restricted_error`` (its population error in closed form, at any train or
@@ -16,28 +18,28 @@ comparison at affordable N. Every such model is therefore evaluated beside
 the Theorem 1 optimal predictor (eq 15 / eq 18, ``theory.drift.optimal_prediction``) on the SAME
 prompts, and its population error is estimated as
 
-    err ≈ E_theory + mean[(ŷ_model − y)² − (ŷ_opt − y)²],
+    err ≈ E_theory + mean[(ŷ_model − y)² − (ŷ_opt − y)²]
 
-unbiased because E[(ŷ_opt − y)²] = E_theory (Theorems 2-3); the difference has a small variance
-because a trained model predicts nearly what the optimum does. The raw Monte-Carlo errors of both
-are kept as well, and the optimal predictor's is checked against the theory (a test of the sampler
-and the closed forms that does not involve training).
+(``iclab.experiments._analysis.control_variate_risk``), unbiased because E[(ŷ_opt − y)²] = E_theory
+(Theorems 2-3); the difference has a small variance because a trained model predicts nearly what the
+optimum does. The raw Monte-Carlo error of the optimum is kept as well and checked against the theory
+(a test of the sampler and the closed forms that does not involve training).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Literal, NamedTuple
+from typing import Literal, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from pydantic import field_validator, model_validator
+from pydantic import model_validator
 
-from iclab.engines import sampled
-from iclab.experiments._config import ExperimentConfig, param
+from iclab.engines import Members, seed_keys, train_members
+from iclab.experiments._analysis import control_variate_risk
+from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
@@ -70,17 +72,9 @@ class TaskConfig(ExperimentConfig):
         paper=None, paper_note="unspecified; Λ = I fits the reported LMS/RLS numbers (spec §2)",
     )
 
-    @field_validator("eigenvalues")
-    @classmethod
-    def _positive(cls, value):
-        if value is not None and (len(value) == 0 or any(not (v > 0) for v in value)):
-            raise ValueError("eigenvalues must all be > 0")
-        return value
-
     @model_validator(mode="after")
-    def _length(self):
-        if self.eigenvalues is not None and len(self.eigenvalues) != self.d:
-            raise ValueError(f"eigenvalues must have d = {self.d} entries (got {len(self.eigenvalues)})")
+    def _eigenvalues(self):
+        validate_eigenvalues(self.eigenvalues, self.d, "d")
         return self
 
     def Lam(self) -> np.ndarray:
@@ -88,34 +82,46 @@ class TaskConfig(ExperimentConfig):
         return np.diag(self.eigenvalues) if self.eigenvalues is not None else np.eye(self.d)
 
     def process(self) -> dict:
-        """σ_w², σ_e², n as keyword arguments of the theory functions."""
+        """σ_w², σ_e², n as keyword arguments of the theory functions and the sampler."""
         return {"sigma_w2": self.sigma_w2, "sigma_e2": self.sigma_e2, "n": self.n}
 
+    def setting(self, gamma) -> dict:
+        """The training setting at γ, ``gamma, sigma_w2, sigma_e2, n, Lam``, as keyword arguments of
+        ``theory.drift`` (``train_error(lam, **config.setting(γ))``)."""
+        return {"gamma": gamma, **self.process(), "Lam": self.Lam()}
 
-class TrainConfig(TaskConfig):
+    def test_setting(self, gamma_bar, m: int) -> dict:
+        """A Theorem 3 test setting at γ̄ and length m with the training σ_w², σ_e² (the figures' choice: the
+        paper leaves the test σ's unspecified), as keyword arguments of ``theory.drift.test_error``."""
+        return {"gamma_bar": gamma_bar, "sigma_w2_bar": self.sigma_w2, "sigma_e2_bar": self.sigma_e2, "m": m}
+
+
+class TrainConfig(TaskConfig, TrainingConfig):
     """AdamW training of GLA from a random Gaussian init (spec §5)."""
 
     batch: int = param(5000, "prompts per step (a fresh batch every step)", paper=5000, ge=1, le=1_000_000)
     steps: int = param(2000, "optimiser steps", paper=2000,
                        paper_note="'2000 epochs, batch 5000' with B = 10⁷ = 2000 × 5000: one step per fresh batch",
                        ge=1, le=10_000_000)
-    lr: float = param(1e-2, "AdamW learning rate (peak value of the schedule)", paper=1e-2, gt=0, le=10)
+    lr: float = param(1e-2, "learning rate (peak value of the schedule)", paper=1e-2, gt=0, le=10)
     lr_schedule: Literal["constant", "cosine"] = param(
         "constant", "learning-rate schedule: constant, or cosine decay to 0 over the run",
         paper="constant", paper_note="unspecified; read as constant",
     )
-    weight_decay: float = param(0.05, "AdamW (decoupled) weight decay", paper=0.05, ge=0, le=10)
+    optimizer: Literal["gd", "adam", "adamw"] = param(
+        "adamw", "optimiser of the weights: plain GD, Adam, or AdamW (decoupled weight decay)", paper="adamw")
+    weight_decay: float = param(0.05, "AdamW (decoupled) weight decay (optimizer adamw only)", paper=0.05, ge=0, le=10)
     b1: float = param(0.9, "Adam β1 (the paper's 'momentum')", paper=0.9, ge=0, lt=1)
     b2: float = param(0.999, "Adam β2", paper=None, paper_note="unspecified; the PyTorch/optax default", ge=0, lt=1)
+    dtype: Literal["float32", "float64"] = param(
+        "float32", "dtype of training (sampling, forward, backward); evaluation is float64",
+        paper=None, paper_note="unspecified (PyTorch default float32)",
+    )
     init_std: float = param(0.1, "std of the random Gaussian init of every weight entry", paper=None,
                             paper_note="unspecified ('random Gaussian init')", gt=0, le=10)
     parametrisation: gla.Parametrisation = param(
         "qkv", "GLA weights trained: qkv (separate W_Q, W_K, W_V), merged (W_V, W^KQ), lemma2 (U), "
         "restricted (U_11, u_-1)", paper="qkv", paper_note="unspecified; the paper's GLA has W_Q, W_K, W_V",
-    )
-    dtype: Literal["float32", "float64"] = param(
-        "float32", "dtype of training (sampling, forward, backward); evaluation is float64",
-        paper=None, paper_note="unspecified (PyTorch default float32)",
     )
     n_eval: int = param(20_000, "fresh evaluation prompts per test setting (shared by all models; Monte Carlo "
                         "evaluation only: one-layer restricted weights are evaluated exactly)",
@@ -125,38 +131,19 @@ class TrainConfig(TaskConfig):
     theta_lr_factor: float = param(1.0, "learning rate of a learnt θ (λ = sigmoid(θ)) relative to the weights'",
                                    paper=None, paper_note="extension, not in the paper", gt=0, le=1000)
 
-    def optimizer(self):
-        """The optax optimiser factory: AdamW on the weights; a learnt θ (λ = sigmoid(θ)) gets Adam without
-        weight decay at ``theta_lr_factor`` times the learning rate."""
-        weights = functools.partial(optax.adamw, b1=self.b1, b2=self.b2, weight_decay=self.weight_decay)
-        factor = self.theta_lr_factor
-
-        def make(learning_rate):
-            lr_theta = (lambda c: factor * learning_rate(c)) if callable(learning_rate) else factor * learning_rate
-            return optax.multi_transform(
-                {"w": weights(learning_rate=learning_rate), "theta": optax.adam(lr_theta, b1=self.b1, b2=self.b2)},
-                lambda p: jax.tree_util.tree_map_with_path(lambda path, _: "theta" if _is_theta(path) else "w", p))
-
-        return make
-
-    def schedule(self):
-        """The learning rate: a float, or an optax schedule of the step."""
-        if self.lr_schedule == "cosine":
-            return optax.cosine_decay_schedule(self.lr, self.steps)
-        return self.lr
-
-    def jnp_dtype(self):
-        return jnp.float32 if self.dtype == "float32" else jnp.float64
+    def transformation(self) -> optax.GradientTransformation:
+        """The update direction without learning rate: ``optimizer`` (AdamW: Adam plus decoupled weight decay) on
+        the weights; a learnt θ (λ = sigmoid(θ)) gets the same direction without weight decay, scaled by
+        ``theta_lr_factor`` (so its learning rate is that factor times the weights')."""
+        theta = optax.scale(self.theta_lr_factor)
+        if self.optimizer != "gd":
+            theta = optax.chain(optax.scale_by_adam(b1=self.b1, b2=self.b2), theta)
+        return optax.multi_transform({"w": super().transformation(), "theta": theta}, _theta_labels)
 
 
-def _is_theta(path) -> bool:
-    return bool(path) and getattr(path[-1], "key", None) == "theta"
-
-
-def seed_keys(config: ExperimentConfig) -> jax.Array:
-    """One key per seed: fold_in(PRNGKey(seed), s), s = 0..seeds−1. Returns (seeds, 2)."""
-    base = jax.random.PRNGKey(config.seed)
-    return jnp.stack([jax.random.fold_in(base, s) for s in range(config.seeds)])
+def _theta_labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "theta" if path and getattr(path[-1], "key", None) == "theta" else "w", params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,102 +158,120 @@ class Group(NamedTuple):
         layers: None for the one-layer model (fast readout form), L for the L-layer residual GLA.
         learn: None, or a (G, K) boolean mask of the models whose λ = sigmoid(θ) is learnt (extension);
             every model of the group then carries a θ, which the others ignore (zero gradient, no update).
+        ids: None (the models are numbered after those of the groups before, row-major), or (G, K) distinct
+            member ids: they alone fix each model's init key, so a model given its id in a grid starts, and
+            trains, as it does inside that grid.
     """
 
     lams: np.ndarray
     layers: int | None = None
     learn: np.ndarray | None = None
+    ids: np.ndarray | None = None
 
 
-def train_groups(config: TrainConfig, gammas, groups: list[Group], *, eval_set=None, reporter=None,
-                 label: str = "", tag: int = 0):
-    """Trains every model of every group with AdamW on fresh minibatches, every seed at once.
+def _forget_factors(params, settings):
+    """Each member's λ: its setting, or sigmoid(θ) where it is learnt."""
+    if "learn" not in settings:
+        return settings["lam"]
+    return jnp.where(settings["learn"], jax.nn.sigmoid(params["theta"]), settings["lam"])
+
+
+def _group_mse(layers: int | None):
+    """The loss of a group: each member's MSE on the batch of its own γ, (G, K).
+
+    Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
+    over the K members of a row with the batch shared.
+    """
+    forward = gla.predict if layers is None else gla.predict_multilayer
+
+    def loss(params, batch, settings):
+        Z, y = batch  # (G, B, T, d+1), (G, B)
+
+        def row(p, Z_g, y_g, lam):
+            return jax.vmap(lambda q, l: jnp.mean((forward(q, Z_g, l) - y_g) ** 2))(p, lam)
+
+        return jax.vmap(row)(params, Z, y, _forget_factors(params, settings))
+
+    return loss
+
+
+def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, eval_set=None,
+                 record_params: bool = False, reporter=None, label: str = "train"):
+    """Trains every model of every group jointly (``iclab.engines.train_members``), every seed at once.
 
     All models of a seed see the same batch at every step (common random numbers); their losses are
-    summed, and since AdamW acts elementwise every model follows the updates it would get alone.
-    Seed s initialises group j with fold_in(key_s, 10 + tag + 1000 j) and draws step k's batch from
-    fold_in(fold_in(key_s, 20 + tag), k).
+    summed, and since the optimiser acts elementwise every model follows the updates it would get alone.
+    Member ids run over the groups in order (group by group, row-major over (G, K)) unless a group gives
+    its own; model m of seed s is initialised from fold_in(fold_in(key_s, 1), m) and step k's batch drawn
+    from fold_in(fold_in(key_s, 2), k), key_s = fold_in(PRNGKey(seed), s). The batch of a γ does not
+    depend on the other γ (common random numbers), so a subset of a grid trained alone, with its ids,
+    follows the same trajectory to float rounding.
 
     Args:
         config: training setting.
         gammas: (G,) AR(1) coefficients γ of the training prompts.
-        groups: the model grids (see ``Group``).
+        groups: name -> model grid (see ``Group``).
         eval_set: None, or fixed prompts (Z (G, N, n+1, d+1), y (G, N)) on which every model's MSE is
-            recorded (metric ``eval_j`` of group j, (S, T, G, K)), in the training dtype.
-        tag: distinguishes the keys of several runs of one experiment.
+            recorded (metric ``eval``: dict name -> (S, T, G, K)), in the training dtype.
+        record_params: record the params at every record (``Trajectory.params``: name -> (S, T, G, K, ...)).
+        reporter: progress reporter; the loop is one task named ``label``.
     Returns:
-        (Trajectory, list of final params per group with leading (S, G, K) axes, as float64). The
-        Trajectory's ``loss`` is the sum of all models' batch losses; its ``params`` are the recorded
-        params (a list per group, leading (S, T, G, K) axes).
+        (Trajectory, dict name -> final params with leading (S, G, K) axes, as float64). The Trajectory's
+        ``loss`` is the sum of all models' batch losses.
     """
     dt = config.jnp_dtype()
     gammas = jnp.asarray(gammas, dt)
     G = gammas.shape[0]
     Lam = jnp.asarray(config.Lam(), dt)
-    keys = seed_keys(config)
-    specs = []
-    for grp in groups:
-        lams = jnp.asarray(grp.lams, dt)
-        if lams.shape[0] != G:
-            raise ValueError(f"a group's lams must have G = {G} rows (got {lams.shape})")
-        learn = None if grp.learn is None or not np.any(grp.learn) else jnp.asarray(np.broadcast_to(grp.learn, lams.shape))
-        specs.append((lams, grp.layers, learn))
+    members, first = {}, 0
+    for name, grp in groups.items():
+        lams = np.asarray(grp.lams, dtype=float)
+        if lams.ndim != 2 or lams.shape[0] != G:
+            raise ValueError(f"a group's lams must have shape (G = {G}, K) (got {lams.shape})")
+        settings = {"lam": jnp.asarray(lams, dt)}
+        if grp.learn is not None and np.any(grp.learn):
+            settings["learn"] = jnp.asarray(np.broadcast_to(grp.learn, lams.shape))
+        ids = first + np.arange(lams.size).reshape(lams.shape) if grp.ids is None else np.asarray(grp.ids)
+        if ids.shape != lams.shape:
+            raise ValueError(f"a group's ids must have the shape of its lams {lams.shape} (got {ids.shape})")
+        members[name] = Members(init=functools.partial(_init_member, config, grp.layers, dt),
+                                loss=_group_mse(grp.layers), ids=ids, settings=settings)
+        first = max(first, int(ids.max()) + 1)
 
-    def init_group(key, lams, layers, learn):
-        def one(k, lam):
-            p = gla.init_gla(k, config.d, config.parametrisation, config.init_std, layers=layers, dtype=dt)
-            if learn is not None:
-                p["theta"] = jnp.log(lam / (1 - lam))
-            return p
-
-        Gk, K = lams.shape
-        p = jax.vmap(one)(jax.random.split(key, Gk * K), lams.reshape(-1))
-        return jax.tree_util.tree_map(lambda a: a.reshape((Gk, K) + a.shape[1:]), p)
-
-    @jax.jit
-    def init_seed(key):
-        return [init_group(jax.random.fold_in(key, 10 + tag + 1000 * j), *spec) for j, spec in enumerate(specs)]
-
-    params0 = jax.vmap(init_seed)(keys)
-
-    def group_mse(params, spec, Z, y):
-        lams, layers, learn = spec
-        forward = gla.predict if layers is None else gla.predict_multilayer
-        used = lams if learn is None else jnp.where(learn, jax.nn.sigmoid(params["theta"]), lams)
-        pred = jax.vmap(lambda p_g, Z_g, l_g: jax.vmap(lambda p, lam: forward(p, Z_g, lam))(p_g, l_g))(params, Z, used)
-        return jnp.mean((pred - y[:, None, :]) ** 2, axis=-1)
-
-    def draw(key, B):
-        pr = sample_drift_prompts(key, Lam, config.n, B, gammas, config.sigma_w2, config.sigma_e2, dt)
+    def sampler(key, aux):
+        pr = sample_drift_prompts(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
         return tokens(pr), pr.target
-
-    def loss_fn(params, batch):
-        return sum(jnp.sum(group_mse(p, spec, *batch)) for p, spec in zip(params, specs))
 
     metrics, aux = {}, None
     if eval_set is not None:
-        S = keys.shape[0]
+        S = config.seeds
         aux = {"Z": jnp.broadcast_to(jnp.asarray(eval_set[0], dt), (S,) + eval_set[0].shape),
                "y": jnp.broadcast_to(jnp.asarray(eval_set[1], dt), (S,) + eval_set[1].shape)}
-        for j, spec in enumerate(specs):
-            metrics[f"eval_{j}"] = lambda p, a, j=j, spec=spec: group_mse(p[j], spec, a["Z"], a["y"])
-    data_keys = jax.vmap(lambda k: jax.random.fold_in(k, 20 + tag))(keys)
-    ctx = reporter.task(label or "train", config.steps) if reporter is not None else contextlib.nullcontext()
-    with ctx as cb:
-        tr = sampled.minibatch(loss_fn, params0, lambda key, _: draw(key, config.batch), data_keys, aux,
-                               lr=config.schedule(), n_steps=config.steps, optimizer=config.optimizer(),
-                               record_every=config.record_every, metrics=metrics, batched=True, callback=cb,
-                               record_params=True)
-    final = jax.tree_util.tree_map(lambda a: jnp.asarray(a[:, -1], jnp.float64), tr.params)
+        metrics["eval"] = lambda p, a: {name: m.loss(p[name], (a["Z"], a["y"]), m.settings)
+                                        for name, m in members.items()}
+    tr = train_members(members, sampler, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
+                       n_steps=config.steps, optimizer=config.transformation(), clip_norm=config.clip_norm or None,
+                       record_every=config.record_every, aux=aux, metrics=metrics, record_member_loss=False,
+                       record_params=record_params, reporter=reporter, label=label)
+    final = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), tr.final_params)
     return tr, final
 
 
+def _init_member(config: TrainConfig, layers: int | None, dtype, key, setting):
+    """One model's random Gaussian init; a θ = logit(λ) where λ is learnt (0, unused, elsewhere)."""
+    p = gla.init_gla(key, config.d, config.parametrisation, config.init_std, layers=layers, dtype=dtype)
+    if "learn" in setting:
+        lam = setting["lam"]
+        p["theta"] = jnp.where(setting["learn"], jnp.log(lam / (1 - lam)), 0.0).astype(dtype)
+    return p
+
+
 def train_grid(config: TrainConfig, gammas, lams, *, layers: int | None = None, learn=None, reporter=None,
-               label: str = "", tag: int = 0):
+               label: str = "train"):
     """``train_groups`` with one group: returns (Trajectory, final params with leading (S, G, K) axes)."""
-    tr, params = train_groups(config, gammas, [Group(np.asarray(lams), layers, learn)], reporter=reporter,
-                              label=label, tag=tag)
-    return tr, params[0]
+    tr, params = train_groups(config, gammas, {"grid": Group(np.asarray(lams), layers, learn)}, reporter=reporter,
+                              label=label)
+    return tr, params["grid"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +286,7 @@ def eval_prompts(config: TaskConfig, key, N: int, gamma, m: int | None = None):
 
 @functools.partial(jax.jit, static_argnames=("n", "N"))
 def _draw(key, Lam, n, N, gamma, sigma_w2, sigma_e2):
-    pr = sample_drift_prompts(key, Lam, n, N, gamma, sigma_w2, sigma_e2)
+    pr = sample_drift_prompts(key, N, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam)
     return tokens(pr), pr.target
 
 
@@ -297,29 +302,6 @@ def model_predictions(params, Z, lams, layers: int | None = None) -> np.ndarray:
     return np.asarray(_model_predictions(params, jnp.asarray(Z), jnp.asarray(lams, jnp.float64), layers=layers))
 
 
-def error_estimates(y_model, y_opt, y, E_theory) -> dict:
-    """Population-error estimates of models evaluated beside the optimal predictor on the same prompts.
-
-    Args:
-        y_model: (..., N) predictions of the models; y_opt: (..., N) of the optimal predictor at the
-            same forget factor; y: (N,) targets; E_theory: (...) Theorem 2/3 error of the optimum.
-    Returns:
-        dict of (...) arrays: ``cv`` = E_theory + mean[(ŷ−y)² − (ŷ_opt−y)²] and its standard error
-        ``cv_se``; ``raw`` = mean (ŷ−y)²; ``opt`` = mean (ŷ_opt−y)² and ``opt_se``.
-    """
-    e_m = (np.asarray(y_model) - y) ** 2
-    e_o = (np.asarray(y_opt) - y) ** 2
-    diff = e_m - e_o
-    N = diff.shape[-1]
-    return {
-        "cv": np.asarray(E_theory) + diff.mean(-1),
-        "cv_se": diff.std(-1) / np.sqrt(N),
-        "raw": e_m.mean(-1),
-        "opt": e_o.mean(-1),
-        "opt_se": e_o.std(-1) / np.sqrt(N),
-    }
-
-
 def optimal_predictions(config: TaskConfig, Z, lam_train: float, gamma_train: float, lam_bars) -> np.ndarray:
     """Eq 15/18 predictions of the Theorem 1 optimum trained at (λ, γ), at test-time forget factors λ̄.
 
@@ -328,10 +310,10 @@ def optimal_predictions(config: TaskConfig, Z, lam_train: float, gamma_train: fl
     Returns:
         (K, N) array.
     """
-    D1, D2, D3, _ = theory.D_sums(lam_train, gamma_train, **config.process())
-    Lt = theory.Lam_tilde(config.Lam(), D2, D3)
+    D1, D2, D3, _ = theory.D_sums(lam_train, gamma=gamma_train, **config.process())
+    Lt = theory.Lam_tilde(config.Lam(), D2=D2, D3=D3)
     Z = np.asarray(Z)
-    return np.stack([theory.optimal_prediction(Z, float(lb), D1, Lt) for lb in np.atleast_1d(lam_bars)])
+    return np.stack([theory.optimal_prediction(Z, float(lb), D1=D1, Lam_t=Lt) for lb in np.atleast_1d(lam_bars)])
 
 
 def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_eval, E_theory, key, *,
@@ -340,8 +322,8 @@ def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_
 
     One-layer restricted weights: exact, ``theory.drift.restricted_error`` (standard error 0).
     Otherwise: ``config.n_eval`` fresh float64 prompts drawn from ``key``, shared by the M models, and
-    the estimate Thm 2/3 + mean[(ŷ−y)² − (ŷ_opt−y)²] of ``error_estimates`` beside the eq-15/18
-    optimum trained at the same (λ, γ).
+    the control-variate estimate Thm 2/3 + mean[(ŷ−y)² − (ŷ_opt−y)²] (``control_variate_risk``) beside
+    the eq-15/18 optimum trained at the same (λ, γ). Test prompts keep the training σ_w², σ_e².
 
     Args:
         params: one parametrisation with a leading model axis M on every array.
@@ -358,15 +340,18 @@ def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_
     gbar = gamma_train if gamma_eval is None else gamma_eval
     mm = config.n if m is None else m
     if layers is None and gla.parametrisation(params) == "restricted":
-        err = np.array([theory.restricted_error(np.asarray(params["U11"][i]), float(params["u_m1"][i]), float(lam_eval[i]),
-                                                gbar, config.sigma_w2, config.sigma_e2, mm, config.Lam())
+        prompts = dict(gamma=gbar, sigma_w2=config.sigma_w2, sigma_e2=config.sigma_e2, n=mm, Lam=config.Lam())
+        err = np.array([theory.restricted_error(np.asarray(params["U11"][i]), float(params["u_m1"][i]),
+                                                lam=float(lam_eval[i]), **prompts)
                         for i in range(lam_eval.size)])
         return {"err": err, "err_se": np.zeros_like(err)}
     Z, y = eval_prompts(config, key, config.n_eval, gbar, m=mm)
+    y = np.asarray(y)
     y_opt = np.stack([optimal_predictions(config, Z, float(lt), gamma_train, [float(le)])[0]
                       for lt, le in zip(lam_train, lam_eval)])
-    e = error_estimates(model_predictions(params, Z, lam_eval, layers=layers), y_opt, np.asarray(y), E_theory)
-    return {"err": e["cv"], "err_se": e["cv_se"], "opt": e["opt"], "opt_se": e["opt_se"]}
+    y_model = model_predictions(params, Z, lam_eval, layers=layers)
+    e = control_variate_risk((y_model - y) ** 2, (y_opt - y) ** 2, E_theory)
+    return {"err": e["risk"], "err_se": e["risk_se"], "opt": e["ref"], "opt_se": e["ref_se"]}
 
 
 # --------------------------------------------------------------------------------------------

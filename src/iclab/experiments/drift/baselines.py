@@ -22,6 +22,7 @@ from iclab.experiments.drift._common import (
     saddle_check,
     train_grid,
 )
+from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
 from iclab.theory import drift as theory
 
@@ -52,9 +53,9 @@ class BaselinesConfig(TrainConfig):
 @functools.partial(jax.jit, static_argnames=("length", "chunk", "window"))
 def _chunk_errors(key, Lam, gamma, sigma_w2, sigma_e2, mu, beta, delta, *, length, chunk, window):
     """Per-sequence a-priori errors of LMS and RLS, averaged over the last `window` steps: ((chunk,), (chunk,))."""
-    pr = sample_drift_prompts(key, Lam, length - 1, chunk, gamma, sigma_w2, sigma_e2)
-    lms = theory.lms_predictions(pr.x, pr.y, mu)
-    rls = theory.rls_predictions(pr.x, pr.y, beta, delta)
+    pr = sample_drift_prompts(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1, Lam=Lam)
+    lms = theory.lms_predictions(pr.x, pr.y, mu=mu)
+    rls = theory.rls_predictions(pr.x, pr.y, beta=beta, delta=delta)
     tail = slice(length - window, length)
     return jnp.mean((lms - pr.y)[:, tail] ** 2, axis=-1), jnp.mean((rls - pr.y)[:, tail] ** 2, axis=-1)
 
@@ -78,15 +79,14 @@ def _filter_errors(config: BaselinesConfig, gamma: float, key) -> dict:
 
 def run_baselines(config: BaselinesConfig, reporter) -> dict:
     gam = np.asarray(config.gammas)
-    Lam, proc = config.Lam(), config.process()
-    opt = [theory.optimal_forget_factor(g, Lam=Lam, **proc) for g in gam]
+    opt = [theory.optimal_forget_factor(**config.setting(g)) for g in gam]
     lam_star = np.array([o[0] for o in opt])
     out = {"gammas": gam, "lam_star": lam_star, "err_star": np.array([o[1] for o in opt]),
-           "err_la": np.array([theory.train_error(1.0, g, Lam=Lam, **proc) for g in gam])}
+           "err_la": np.array([theory.train_error(1.0, **config.setting(g)) for g in gam])}
 
     base = jax.random.fold_in(jax.random.PRNGKey(config.seed), 20_000)
     filt = {k: np.zeros(gam.size) for k in ("lms", "lms_se", "rls", "rls_se")}
-    with reporter.task(f"LMS and RLS ({config.trials} sequences × {config.length} steps per γ)", gam.size) as cb:
+    with task(reporter, f"LMS and RLS ({config.trials} sequences × {config.length} steps per γ)", gam.size) as cb:
         for i, g in enumerate(gam):
             e = _filter_errors(config, float(g), jax.random.fold_in(base, i))
             for k in filt:
@@ -105,7 +105,7 @@ def run_baselines(config: BaselinesConfig, reporter) -> dict:
             est["err"][s, i], est["err_se"][s, i] = e["err"][0], e["err_se"][0]
     out.update({f"gla_{k}": v for k, v in est.items()})
     # the rank-one saddle of full weights at each λ* and each model's route share (see drift.fig1)
-    out["saddle_star"] = np.stack([theory.rank_one_saddle_errors(l, g, Lam=Lam, **proc) for l, g in zip(lam_star, gam)])
+    out["saddle_star"] = np.stack([theory.rank_one_saddle_errors(l, **config.setting(g)) for l, g in zip(lam_star, gam)])
     out["rank_one_share"] = rank_one_route_share(params)[..., 0]  # (S, G)
     out["paper_lms"] = np.array([dict(zip(theory.PAPER_LMS_RLS["gamma"], theory.PAPER_LMS_RLS["lms"])).get(float(g), np.nan)
                                  for g in gam])
@@ -205,7 +205,7 @@ register(
             "a-priori squared error averaged over the last 100 steps, ŵ_0 = 0, RLS P_0 = 100 I (paper: unspecified).",
             "GLA is trained at the continuous λ* of Theorem 2 (n = 100 context pairs), one model per γ, as in drift.fig1.",
             "quick: restricted weights (init std 0.03), evaluated exactly (theory.drift.restricted_error), cosine lr, "
-            "200 × 250 prompts, 500 filtered sequences per γ (standard error of the filters' errors ≈ 1 %).",
+            "200 × 250 prompts, 500 filtered sequences per γ.",
             "paper: full q/k/v weights from a random Gaussian init, as in drift.fig1. A model can stall on the rank-one "
             "stationary point of the full weights (drift.fig1's notes; theory.drift.rank_one_saddle_errors), and then "
             "GLA(λ*) is not below the filters at that γ; the check on stalled models says which. "
