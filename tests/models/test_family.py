@@ -138,7 +138,7 @@ def test_registry_refuses_unknown_and_duplicate_names(registry):
         ModelFamily("gated attn", "linreg", init_gated, predict_gated)
 
 
-def test_the_registry_copy_is_restored():
+def test_the_test_families_are_removed_after_each_test():
     assert "gated_attn_m" not in model_families()
 
 

@@ -33,12 +33,21 @@ from typing import Literal
 import torch
 from torch import nn
 
+__all__ = ["FeatureMap", "GatedLinearAttention", "Granularity", "decay_mask", "demonstration_segments", "feature",
+           "gla_parallel", "gla_recurrent", "log_gates", "swap_attention"]
+
 Granularity = Literal["token", "demonstration"]
 FeatureMap = Literal["identity", "elu1"]
 
 
 def feature(x: torch.Tensor, feature_map: FeatureMap) -> torch.Tensor:
-    """φ(x): identity (the paper's eq 5) or elu(x) + 1 (positive features, Katharopoulos et al.)."""
+    """φ(x): identity (the paper's eq 5) or elu(x) + 1 (positive features, Katharopoulos et al.).
+
+    Args:
+        x: any tensor; feature_map: "identity" or "elu1".
+    Returns:
+        φ(x), same shape.
+    """
     if feature_map == "identity":
         return x
     if feature_map == "elu1":
@@ -47,10 +56,18 @@ def feature(x: torch.Tensor, feature_map: FeatureMap) -> torch.Tensor:
 
 
 def log_gates(lam: float, segment_ids: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """log g_t (B, T) for one forget factor λ; segment_ids (B, T) number the demonstrations.
+    """log g_t (B, T) for one forget factor λ.
 
     ``token``: log λ everywhere; ``demonstration``: log λ where a new segment starts (t > 0 with
-    segment_ids[t] ≠ segment_ids[t-1]), 0 elsewhere. g_0 never matters (S_{-1} = 0)."""
+    segment_ids[t] ≠ segment_ids[t-1]), 0 elsewhere. g_0 never matters (S_{-1} = 0).
+
+    Args:
+        lam: the forget factor λ ∈ (0, 1].
+        segment_ids: (B, T) integers numbering the demonstrations.
+        granularity: "token" or "demonstration".
+    Returns:
+        (B, T) float32 log gates.
+    """
     if not 0.0 < lam <= 1.0:
         raise ValueError(f"forget factor λ must be in (0, 1] (got {lam})")
     log_lam = torch.log(torch.tensor(lam, dtype=torch.float64)).item()
@@ -64,7 +81,13 @@ def log_gates(lam: float, segment_ids: torch.Tensor, granularity: Granularity) -
 
 
 def decay_mask(log_g: torch.Tensor) -> torch.Tensor:
-    """D (B, T, T): D_{t,u} = exp(Σ_{l=u+1..t} log g_l) for u ≤ t, 0 above the diagonal."""
+    """The decay matrix D_{t,u} = exp(Σ_{l=u+1..t} log g_l) for u ≤ t, 0 above the diagonal.
+
+    Args:
+        log_g: (B, T) log gates.
+    Returns:
+        (B, T, T).
+    """
     c = torch.cumsum(log_g, dim=-1)
     diff = c[..., :, None] - c[..., None, :]
     T = log_g.shape[-1]
@@ -79,6 +102,7 @@ def gla_parallel(q, k, v, log_g, *, scale: float = 1.0, normalize: bool = True,
 
     Args:
         q, k, v: (B, H, T, d_head); log_g: (B, T) log gates (see :func:`log_gates`).
+        scale: the score scale s; normalize: divide by Σ_u D_{t,u}; feature_map: φ.
     Returns:
         (B, H, T, d_head).
     """
@@ -92,7 +116,13 @@ def gla_parallel(q, k, v, log_g, *, scale: float = 1.0, normalize: bool = True,
 
 def gla_recurrent(q, k, v, log_g, *, scale: float = 1.0, normalize: bool = True,
                   feature_map: FeatureMap = "identity") -> torch.Tensor:
-    """Naive reference: the state recursion S_t = g_t S_{t-1} + φ(k_t)v_tᵀ, one token at a time."""
+    """Naive reference: the state recursion S_t = g_t S_{t-1} + φ(k_t)v_tᵀ, one token at a time.
+
+    Args:
+        q, k, v, log_g, scale, normalize, feature_map: as :func:`gla_parallel`.
+    Returns:
+        (B, H, T, d_head), equal to :func:`gla_parallel` (tests compare outputs and gradients).
+    """
     B, H, T, dh = q.shape
     fq, fk = feature(q, feature_map), feature(k, feature_map)
     S = q.new_zeros(B, H, dh, v.shape[-1])
@@ -129,10 +159,16 @@ class GatedLinearAttention(nn.Module):
         self.segment_ids: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
+        """λ, granularity, normaliser and feature map, for ``print(model)``."""
         return (f"λ={self.lam}, granularity={self.granularity}, normalize={self.normalize}, "
                 f"feature_map={self.feature_map}")
 
     def forward(self, hidden_states, *args, **kwargs):
+        """GPT-2's attention call: returns (output (B, T, E), None).
+
+        Args:
+            hidden_states: (B, T, E); other arguments of GPT-2's attention are accepted and ignored.
+        """
         B, T, _ = hidden_states.shape
         q, k, v = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
         q, k, v = (x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2) for x in (q, k, v))
@@ -157,8 +193,13 @@ def swap_attention(model: nn.Module, lam: float | Sequence[float] = 1.0, granula
                    normalize: bool = True, feature_map: FeatureMap = "identity") -> nn.Module:
     """Replaces every attention layer of a GPT-2 (in place) by :class:`GatedLinearAttention`.
 
-    ``lam``: one forget factor for every layer, or one per layer; λ = 1 everywhere is LinearGPT2.
-    Returns the model."""
+    Args:
+        model: a GPT2LMHeadModel or GPT2Model.
+        lam: one forget factor for every layer, or one per layer; λ = 1 everywhere is LinearGPT2.
+        granularity, normalize, feature_map: as :class:`GatedLinearAttention`.
+    Returns:
+        The model.
+    """
     blocks = _blocks(model)
     lams = [float(lam)] * len(blocks) if isinstance(lam, (int, float)) else [float(x) for x in lam]
     if len(lams) != len(blocks):
@@ -170,7 +211,12 @@ def swap_attention(model: nn.Module, lam: float | Sequence[float] = 1.0, granula
 
 @contextlib.contextmanager
 def demonstration_segments(model: nn.Module, segment_ids: torch.Tensor):
-    """Within the block, every swapped layer of ``model`` gates by these segment ids (B, T)."""
+    """Within the block, every swapped layer of ``model`` gates by these segment ids.
+
+    Args:
+        model: a model passed through :func:`swap_attention`.
+        segment_ids: (B, T) integers numbering the demonstrations of each prompt.
+    """
     layers = [b.attn for b in _blocks(model) if isinstance(b.attn, GatedLinearAttention)]
     for layer in layers:
         layer.segment_ids = segment_ids
