@@ -19,11 +19,13 @@ demo: $(STAMP)
 	$(BIN)/iclab run linattn.fig1 --preset paper
 	$(BIN)/iclab report
 
+# Tests run on every core (pytest-xdist), one test module per worker (--dist loadscope keeps a module's
+# fixtures in one process).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n auto --dist loadscope
 
 clean:
 	rm -rf $(VENV) iclab-results .pytest_cache test-artifacts

@@ -16,6 +16,15 @@ FIXTURE = Path(__file__).parent / "fixtures" / "user_experiment.py"
 DEMO = f"{FIXTURE}:demo"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_demo():
+    """The demo registers itself when loaded: leave the registry as the other test modules expect it."""
+    yield
+    from iclab.experiments import unregister
+
+    unregister("user.demo")
+
+
 def cli(*args):
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

@@ -27,6 +27,15 @@ from iclab.cli import main
 DEMO = f"{Path(__file__).parent / 'fixtures' / 'user_experiment.py'}:demo"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_demo():
+    """The demo registers itself when loaded: leave the registry as the other test modules expect it."""
+    yield
+    from iclab.experiments import unregister
+
+    unregister("user.demo")
+
+
 def cli(*args, env=None):
     err, out = io.StringIO(), io.StringIO()
     old = {k: os.environ.get(k) for k in (env or {})}

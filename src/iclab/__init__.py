@@ -18,7 +18,11 @@ Subpackages: :mod:`iclab.tasks`, :mod:`iclab.models`, :mod:`iclab.engines`, :mod
 
 import importlib
 
-import jax
+from iclab.threads import _apply_environment
+
+_apply_environment()  # ICLAB_THREADS sizes XLA's, BLAS's and OpenMP's pools before any of them loads
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

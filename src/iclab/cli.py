@@ -109,6 +109,8 @@ def run_cmd(
                                              "data_path field: drift.gpt2)"),
     no_repair: bool = typer.Option(False, "--no-repair", help="report a damaged stored result (exit 1) instead of "
                                    "moving it to .damaged/ and recomputing it"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="threads to compute with (XLA, BLAS, OpenMP, torch; "
+                                          "default $ICLAB_THREADS, else one per core): fewer when sharing the machine"),
 ) -> None:
     """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
 
@@ -116,6 +118,7 @@ def run_cmd(
     stops it as diverged (exit 1), with the finite part of its trajectory stored."""
     from iclab.progress import default_reporter
 
+    _threads(threads)
     overrides = parse_assignments(assignments)
     for key, value in path_overrides(experiment, model_path=model_path, data_path=data_path).items():
         if key in overrides:
@@ -166,6 +169,8 @@ def sweep_cmd(
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="checkpoint every K chunks (see run)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the points (and which are stored) without running"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="threads of each worker (default: the cores shared "
+                                          "out among the local workers; one per Ray task)"),
 ) -> None:
     """Run an experiment over a grid of config values, locally or on a Ray cluster.
 
@@ -191,9 +196,12 @@ def sweep_cmd(
             table.add_row(p.label, p.digest, "yes" if r["stored"] else "no")
         out.print(table)
         return
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be ≥ 1 (got {threads})")
+    _threads(None)  # a bad ICLAB_THREADS is one line here too
     result = run_sweep(experiment, grid, preset, overrides, seeds=seeds, root=out_dir, executor=executor,
                        address=address, workers=workers, retries=retries, force=force,
-                       checkpoint_every=checkpoint_every, progress=default_sweep_progress())
+                       checkpoint_every=checkpoint_every, progress=default_sweep_progress(), threads=threads)
     if as_json:
         print(_json(result.as_dict(), indent=2))
     else:
@@ -373,6 +381,21 @@ def index_rebuild_cmd(
     n, moved = Store(root).rebuild_index()
     out.print(f"indexed {n} stored runs in {root / 'index.sqlite'}"
               + (f"; the old index is kept as {moved.name}" if moved is not None else ""))
+
+
+def _threads(threads: Optional[int]) -> None:
+    """Applies ``--threads`` (before anything computes); checks ``ICLAB_THREADS`` in one line."""
+    from iclab.threads import requested_threads, set_threads
+
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be ≥ 1 (got {threads})")
+        set_threads(threads)
+        return
+    try:
+        requested_threads()
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def readable_root(results: Optional[str]) -> Path:

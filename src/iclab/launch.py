@@ -431,12 +431,27 @@ def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkp
 
 def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | None = None,
                   checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
-                  driver_host: str | None = None) -> dict:
+                  driver_host: str | None = None, threads: int | None = None) -> dict:
     """:func:`compute` for a worker process (local pool or Ray task): rebuilds the config from its
     resolved JSON and checks that it hashes as the driver's. Checkpoints go to ``running_dir`` on
     the worker's file system; a worker on another host than the driver removes them once done
-    (the driver stores the result and cannot see them)."""
+    (the driver stores the result and cannot see them).
+
+    Args:
+        exp_id: the experiment's id or ``path.py:NAME``; resolved, digest: its config and hash.
+        running_dir: the in-progress folder for checkpoints (None: none).
+        checkpoint_every, checkpoint_seconds: the checkpoint interval.
+        driver_host: the sweep driver's host name.
+        threads: the threads this worker computes with (:func:`iclab.threads.set_threads`; None: as set).
+    Returns:
+        The payload of :func:`compute`.
+    """
     import iclab  # noqa: F401  (float64 on, in a fresh worker)
+
+    if threads is not None and os.environ.get("ICLAB_THREADS") != str(threads):
+        from iclab.threads import set_threads
+
+        set_threads(threads)
 
     exp = experiment_or_error(exp_id)
     config = exp.config.model_validate(resolved)

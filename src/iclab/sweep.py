@@ -48,6 +48,7 @@ from iclab.launch import (
     store_payload,
 )
 from iclab.progress import SweepProgress
+from iclab.threads import available_cores, set_threads
 from iclab.store import Store, config_hash
 
 MAX_POINTS = 10_000
@@ -256,8 +257,13 @@ class _Inline:
         self._queue.clear()
 
 
-def _init_worker(parent: int) -> None:
-    """Pool worker start-up: die with the driver (a killed sweep leaves no orphan computing)."""
+def _init_worker(parent: int, threads: int | None = None) -> None:
+    """Pool worker start-up: die with the driver (a killed sweep leaves no orphan computing), and size
+    the worker's thread pools (before it computes anything: XLA reads them when its client starts)."""
+    if threads is not None:
+        from iclab.threads import set_threads
+
+        set_threads(threads)
     try:
         import ctypes
 
@@ -273,8 +279,9 @@ class _LocalPool:
     """A pool of worker processes (spawned: JAX does not survive fork); a pool broken by a dead
     worker is replaced and its points retried."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, threads: int | None = None):
         self.capacity = workers
+        self.threads = threads
         self._pool = None
 
     def _get(self):
@@ -282,7 +289,7 @@ class _LocalPool:
             import multiprocessing as mp
 
             self._pool = cf.ProcessPoolExecutor(max_workers=self.capacity, mp_context=mp.get_context("spawn"),
-                                                initializer=_init_worker, initargs=(os.getpid(),))
+                                                initializer=_init_worker, initargs=(os.getpid(), self.threads))
         return self._pool
 
     def submit(self, args: tuple):
@@ -324,7 +331,7 @@ class _LocalPool:
 class _Ray:
     """One Ray task per point on a running cluster; Ray retries a task whose worker died."""
 
-    def __init__(self, address: str | None, workers: int | None, retries: int):
+    def __init__(self, address: str | None, workers: int | None, retries: int, threads: int | None = None):
         try:
             import ray
         except ImportError:
@@ -344,12 +351,14 @@ class _Ray:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(f"cannot connect to a Ray cluster at {address!r}: {first} "
                             "(start one with `ray start --head`)") from None
-        self.remote = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(compute_point)
+        # One CPU per task, so one thread per task unless --threads says otherwise (then as many CPUs).
+        self.threads = threads or 1
+        self.remote = ray.remote(num_cpus=self.threads, max_retries=retries, retry_exceptions=False)(compute_point)
         cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
-        self.capacity = workers or cpus
+        self.capacity = workers or max(1, cpus // self.threads)
 
     def submit(self, args: tuple):
-        return self.remote.remote(*args)
+        return self.remote.remote(*args, threads=self.threads)
 
     def wait(self, handles, timeout):
         ready, _ = self.ray.wait(list(handles), num_returns=1, timeout=timeout)
@@ -411,6 +420,7 @@ def run_sweep(
     checkpoint_every: int | None = None,
     checkpoint_seconds: float | None = None,
     progress: SweepProgress | None = None,
+    threads: int | None = None,
 ) -> SweepResult:
     """Runs every point of a grid (see the module docstring) and returns what became of each. ``iclab sweep``.
 
@@ -426,6 +436,8 @@ def run_sweep(
         force: recompute points that have a stored result.
         checkpoint_every, checkpoint_seconds: checkpoint interval of every point.
         progress: a SweepProgress display (default silent).
+        threads: threads of each worker (:mod:`iclab.threads`; default: the cores shared out among the
+            local workers, one per Ray task).
     Returns:
         SweepResult: one PointResult per point (status done, cached, diverged or failed; checks; path).
     Raises:
@@ -437,6 +449,8 @@ def run_sweep(
         raise UserError(f"workers must be ≥ 1 (got {workers})")
     if retries < 0:
         raise UserError(f"retries must be ≥ 0 (got {retries})")
+    if threads is not None and threads < 1:
+        raise UserError(f"threads must be ≥ 1 (got {threads})")
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     exp, points = plan_sweep(exp_id, grid, preset, overrides, seeds)
     start = time.perf_counter()
@@ -480,10 +494,15 @@ def run_sweep(
         return SweepResult(exp.id, preset, executor, [results[p.digest] for p in points], time.perf_counter() - start)
 
     if executor == "ray":
-        ex = _Ray(address, workers, retries)
+        ex = _Ray(address, workers, retries, threads)
     else:
-        n = workers or min(os.cpu_count() or 1, len(todo))
-        ex = _Inline() if n == 1 else _LocalPool(n)
+        n = workers or min(available_cores(), len(todo))
+        if n == 1:
+            if threads is not None:
+                set_threads(threads)
+            ex = _Inline()
+        else:  # the cores shared out: W workers of ⌊cores / W⌋ threads each (at least one)
+            ex = _LocalPool(n, threads or max(1, available_cores() // n))
     attempts: dict[str, int] = defaultdict(int)
     waiting: list[tuple[Point, object]] = []
     driver_host = socket.gethostname()

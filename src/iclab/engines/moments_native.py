@@ -32,6 +32,7 @@ import numpy as np
 
 from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, record_steps
 from iclab.engines.moments import SufficientStatistics
+from iclab.threads import thread_count
 
 __all__ = ["NATIVE_MODELS", "NativeModel", "full_batch"]
 
@@ -252,7 +253,7 @@ def full_batch(
     for it (``stop_on_divergence``), a non-finite loss stops the run with
     :class:`iclab.engines._loop.Diverged`, as in the XLA loop. There are no checkpoints: a run of
     this engine is short. Seeds (``batched``: a leading axis on params and stats) run on up to
-    ``os.cpu_count()`` threads (the kernel releases the GIL); each seed's numbers do not depend on it.
+    :func:`iclab.threads.thread_count` threads (the kernel releases the GIL); each seed's numbers do not depend on it.
 
     Args:
         model: "attn_s" (params v (H,), k, q (H, R, D)), "attn_m" (v (H,), U (H, D, D)) or "mlp"
@@ -286,7 +287,7 @@ def full_batch(
     seeds = [_Seed(model, {k: a[s] for k, a in params0.items()}, G[s], m[s], c[s], len(steps), D) for s in range(S)]
     guard = DivergenceGuard(callback, batched, record_axis=0)
     t = steps * float(lr)
-    workers = min(S, os.cpu_count() or 1)
+    workers = min(S, thread_count())
     pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
     try:
         first = 0

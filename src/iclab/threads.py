@@ -1,0 +1,107 @@
+"""How many threads a process of iclab's computes with, so that runs sharing a CPU do not oversubscribe it.
+
+Every numerical runtime iclab uses starts a pool of one thread per core by default: XLA's CPU client
+(its intra-op and client pools, sized by ``PJRT_NPROC``), OpenMP and BLAS (``OMP_NUM_THREADS``,
+``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ...), PyTorch (``torch.set_num_threads``) and numba's
+seeds (:mod:`iclab.engines.moments_native`). When fewer cores are free than threads, their workers
+spin and fight: measured on a 2-core machine beside one CPU-bound process, a quick preset's CPU time
+grew more than tenfold. Sweep workers and Ray tasks multiply this, each with a full pool.
+
+:func:`set_threads` sets every pool's size for this process (and for the processes it starts). It must
+run before JAX computes anything (XLA sizes its pools when its CPU client starts) and, for BLAS, before
+numpy loads; ``ICLAB_THREADS`` is applied by ``import iclab`` itself, first thing. The CLI's
+``--threads`` option sets it for one command; a local sweep gives each of its W workers ⌊cores / W⌋
+threads (at least one), a Ray task the CPUs it asked for (one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+__all__ = ["POOL_VARIABLES", "available_cores", "requested_threads", "set_threads", "thread_count"]
+
+#: Environment variables that size the thread pools of XLA (PJRT_NPROC), OpenMP, BLAS and numba.
+POOL_VARIABLES = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                  "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; all cores where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def requested_threads() -> int | None:
+    """The thread count asked for by ``ICLAB_THREADS`` (None when unset).
+
+    Raises:
+        ValueError: ``ICLAB_THREADS`` is not an integer ≥ 1 (one line).
+    """
+    text = os.environ.get("ICLAB_THREADS")
+    if text is None or not text.strip():
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"ICLAB_THREADS must be an integer ≥ 1 (got {text[:40]!r})") from None
+    if n < 1:
+        raise ValueError(f"ICLAB_THREADS must be an integer ≥ 1 (got {n})")
+    return n
+
+
+def thread_count() -> int:
+    """The threads this process computes with: ``ICLAB_THREADS`` if set, else the available cores."""
+    try:
+        n = requested_threads()
+    except ValueError:
+        n = None
+    return n if n is not None else available_cores()
+
+
+def set_threads(n: int) -> None:
+    """Sizes every thread pool of this process (and of the processes it starts) to ``n`` threads.
+
+    Sets ``ICLAB_THREADS`` and :data:`POOL_VARIABLES`, and PyTorch's intra-op threads if torch is loaded.
+    XLA reads ``PJRT_NPROC`` when its CPU client starts: if JAX has already computed in this process,
+    its pools keep their size (a warning says so).
+
+    Args:
+        n: threads, ≥ 1.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"threads must be an integer ≥ 1 (got {n!r})")
+    os.environ["ICLAB_THREADS"] = str(n)
+    for name in POOL_VARIABLES:
+        os.environ[name] = str(n)
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        torch.set_num_threads(n)
+    if _jax_backend_started():
+        warnings.warn(f"JAX's CPU client has started already: its thread pools keep their size (asked for {n}); set "
+                      "ICLAB_THREADS before the process computes", stacklevel=2)
+
+
+def _jax_backend_started() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(getattr(xla_bridge, "_backends", None))
+    except Exception:  # pragma: no cover - private API moved
+        return False
+
+
+def _apply_environment() -> None:
+    """``import iclab`` calls this first: ICLAB_THREADS sizes the pools before any runtime loads."""
+    try:
+        n = requested_threads()
+    except ValueError:
+        return  # the CLI reports a bad value in one line; the library keeps the defaults
+    if n is not None:
+        for name in POOL_VARIABLES:
+            os.environ[name] = str(n)
