@@ -1,7 +1,14 @@
-import iclab  # noqa: F401  (turns on float64 before any test builds arrays)
+import os
+
+# Under pytest-xdist every worker is a process with its own thread pools: share the cores out among them
+# (iclab.threads), or W workers of one thread per core oversubscribe the machine W times.
+if os.environ.get("PYTEST_XDIST_WORKER") and "ICLAB_THREADS" not in os.environ:
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["ICLAB_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
+import iclab  # noqa: F401, E402  (turns on float64 before any test builds arrays)
 
 import json  # noqa: E402
-import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 

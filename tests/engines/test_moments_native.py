@@ -146,7 +146,8 @@ def test_bad_arguments_are_named(kw, match):
         moments_native.full_batch(args.pop("model"), params, st, **args)
 
 
-def test_seeds_run_side_by_side_as_they_run_alone():
+def test_seeds_run_side_by_side_as_they_run_alone(monkeypatch):
+    monkeypatch.setattr(moments_native, "thread_count", lambda: 2)  # a pool of threads, whatever ICLAB_THREADS says
     params, st, _ = _problem("attn_s", 3, 3, 1, S=3)
     kw = dict(lr=0.3, n_steps=200, record_every=10, record_params=True)
     together = moments_native.full_batch("attn_s", params, st, batched=True, records_per_chunk=4, **kw)

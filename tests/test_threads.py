@@ -1,0 +1,119 @@
+"""Thread pools per process (iclab.threads): ICLAB_THREADS, --threads, and what sweep workers get."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from iclab import threads
+from iclab.cli import main
+
+
+def cli(*args):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_requested_threads_reads_iclab_threads(monkeypatch):
+    monkeypatch.delenv("ICLAB_THREADS", raising=False)
+    assert threads.requested_threads() is None and threads.thread_count() == threads.available_cores()
+    monkeypatch.setenv("ICLAB_THREADS", "3")
+    assert threads.requested_threads() == 3 and threads.thread_count() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("ICLAB_THREADS", bad)
+        with pytest.raises(ValueError, match="ICLAB_THREADS must be an integer ≥ 1"):
+            threads.requested_threads()
+
+
+def test_set_threads_sizes_every_pool_variable(monkeypatch):
+    import jax.numpy as jnp
+
+    float(jnp.ones(2).sum())  # XLA's client has started in this process
+    for name in ("ICLAB_THREADS",) + threads.POOL_VARIABLES:
+        monkeypatch.setenv(name, "7")  # restored by monkeypatch afterwards
+    with pytest.warns(UserWarning, match="thread pools keep their size"):
+        threads.set_threads(1)
+    assert all(os.environ[name] == "1" for name in ("ICLAB_THREADS",) + threads.POOL_VARIABLES)
+    with pytest.raises(ValueError):
+        threads.set_threads(0)
+
+
+def test_iclab_threads_is_applied_at_import_before_xla_starts():
+    code = ("import os, iclab, jax.numpy as jnp; float(jnp.ones(3).sum()); "
+            "print(os.environ['PJRT_NPROC'], os.environ['OMP_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if k not in threads.POOL_VARIABLES}
+    one = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(env, ICLAB_THREADS="1"))
+    assert one.returncode == 0, one.stderr
+    pjrt, omp, n_one = one.stdout.split()
+    assert (pjrt, omp) == ("1", "1")
+    four = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(env, ICLAB_THREADS="4"))
+    assert four.returncode == 0, four.stderr
+    assert int(four.stdout.split()[2]) > int(n_one)  # XLA's pools really are sized by it
+
+
+def test_bad_thread_options_are_one_line_exit_2(tmp_path, monkeypatch):
+    rc, _, err = cli("run", "linattn.fig1", "--threads", "0", "--out", tmp_path)
+    assert rc == 2 and err.count("\n") == 1 and "--threads must be ≥ 1" in err
+    rc, _, err = cli("sweep", "linattn.fig1", "--grid", "N=3,4", "--threads", "-1", "--out", tmp_path)
+    assert rc == 2 and "--threads must be ≥ 1" in err
+    monkeypatch.setenv("ICLAB_THREADS", "many")
+    rc, _, err = cli("run", "linattn.fig1", "--out", tmp_path)
+    assert rc == 2 and err.count("\n") == 1 and "ICLAB_THREADS must be an integer" in err
+    assert not any(tmp_path.iterdir())
+
+
+PROBE = textwrap.dedent('''
+    """Records the thread settings of the process that computes it."""
+    import os
+
+    import numpy as np
+
+    from iclab.experiments import Experiment, ExperimentConfig, check_equal, param
+
+
+    class Config(ExperimentConfig):
+        x: int = param(0, "a grid coordinate", ge=0, le=100)
+
+
+    def run(config, reporter):
+        return {"pjrt": np.array(int(os.environ["PJRT_NPROC"])), "omp": np.array(int(os.environ["OMP_NUM_THREADS"])),
+                "pid": np.array(os.getpid())}
+
+
+    def plot(config, arrays):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt.figure()
+
+
+    probe = Experiment(id="user.thread-probe", title="thread probe", paper="user", reference="none", config=Config,
+                       presets={"quick": {}, "paper": {}}, run=run, checks=lambda c, a: [check_equal("ran", 1, 1)],
+                       plot=plot)
+''')
+
+
+@pytest.mark.slow  # spawns a pool of fresh worker processes (~10-20 s)
+def test_local_sweep_workers_share_the_cores_out(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    cores = threads.available_cores()
+    env = {k: v for k, v in os.environ.items() if k not in ("ICLAB_THREADS",) + threads.POOL_VARIABLES}
+    base = [sys.executable, "-m", "iclab.cli", "sweep", f"{probe}:probe", "--grid", "x=1,2,3,4", "--json"]
+    for extra, expected in (([ "--workers", "2"], max(1, cores // 2)), (["--workers", "2", "--threads", "3"], 3)):
+        root = tmp_path / f"r{len(extra)}"
+        r = subprocess.run(base + extra + ["--out", str(root)], capture_output=True, text=True,
+                           env=dict(env, CI="true"), timeout=600)
+        assert r.returncode == 0, r.stderr
+        points = json.loads(r.stdout)["points"]
+        arrays = [np.load(os.path.join(p["path"], "trajectories.npz")) for p in points]
+        assert {int(a["pjrt"]) for a in arrays} == {expected} and {int(a["omp"]) for a in arrays} == {expected}
+        assert len({int(a["pid"]) for a in arrays}) >= 2  # computed by the pool's workers, not the driver
