@@ -36,6 +36,9 @@ def test_requested_threads_reads_iclab_threads(monkeypatch):
 def test_set_threads_sizes_every_pool_variable(monkeypatch):
     import jax.numpy as jnp
 
+    # set_threads resizes this process's loaded BLAS/OpenMP pools too: give them back their sizes afterwards
+    monkeypatch.setattr(threads, "_limit_loaded_pools", lambda n, user_api=None: None)
+
     float(jnp.ones(2).sum())  # XLA's client has started in this process
     for name in ("ICLAB_THREADS",) + threads.POOL_VARIABLES:
         monkeypatch.setenv(name, "7")  # restored by monkeypatch afterwards
@@ -57,6 +60,29 @@ def test_iclab_threads_is_applied_at_import_before_xla_starts():
     four = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(env, ICLAB_THREADS="4"))
     assert four.returncode == 0, four.stderr
     assert int(four.stdout.split()[2]) > int(n_one)  # XLA's pools really are sized by it
+
+
+_BLAS_THREADS = ("import {first}; import iclab, numpy, threadpoolctl{extra}; "
+                 "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas'))")
+
+
+def _blas_threads(env_extra: dict, first: str = "os", extra: str = "") -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("ICLAB_THREADS",) + threads.POOL_VARIABLES + threads.BLAS_VARIABLES}
+    r = subprocess.run([sys.executable, "-c", _BLAS_THREADS.format(first=first, extra=extra)], capture_output=True,
+                       text=True, env=dict(env, **env_extra))
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.split()[-1])
+
+
+@pytest.mark.skipif(threads.available_cores() < 2, reason="needs 2 cores to tell one BLAS thread from a pool")
+def test_blas_gets_one_thread_unless_asked_for_more():
+    # iclab's BLAS work is small: a second thread only spins (module docstring of iclab.threads)
+    assert _blas_threads({}) == 1
+    assert _blas_threads({"OPENBLAS_NUM_THREADS": "2"}) == 2  # the user's own variable wins
+    assert _blas_threads({"ICLAB_THREADS": "2"}) == 2
+    # numpy loaded before iclab (a notebook) keeps its pool; set_threads resizes it
+    assert _blas_threads({}, first="numpy") >= 2
+    assert _blas_threads({}, first="numpy", extra="; iclab.threads.set_threads(1)") == 1
 
 
 def test_bad_thread_options_are_one_line_exit_2(tmp_path, monkeypatch):

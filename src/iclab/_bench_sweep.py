@@ -5,10 +5,12 @@ would), timed by wall clock and by CPU time (``getrusage`` of the finished child
 
 1. The same small sweep (``points`` quick-preset points, one base seed each) with 1 worker, one worker per
    core, and twice as many workers as cores. Workers get ⌊cores / W⌋ threads each (:mod:`iclab.threads`).
-2. One quick run idle, and beside a CPU-bound neighbour process (a busy loop on one core): with the
-   default threads (one per core) and with one thread fewer than the cores (``--threads``), the setting the
-   README gives for a shared machine. The ratio of CPU times to the idle run is the cost of contention:
-   a fair share costs 1×, threads spinning against a neighbour many times that.
+2. One quick run (``gating.optimum``: JAX and scipy's BFGS) idle, and beside a CPU-bound neighbour
+   process (a loop of multi-threaded BLAS products, like a PyTorch training): with iclab's defaults (XLA one thread per core, BLAS one thread),
+   with one thread fewer than the cores (``--threads``, the README's setting for a shared machine), and
+   with BLAS one thread per core (its own default, and iclab's before the issue on sharing the CPU).
+   The ratio of CPU times to the idle run is the cost of contention: a fair share costs 1×, threads
+   spinning against a neighbour many times that.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ import sys
 import tempfile
 import time
 
-from iclab.threads import POOL_VARIABLES, available_cores
+from iclab.threads import BLAS_VARIABLES, POOL_VARIABLES, available_cores
 
 __all__ = ["bench_sweep"]
+
+
+# The neighbour: a training-like loop of multi-threaded BLAS products (one thread per core, as a PyTorch
+# training has), whose waiting threads spin as OpenMP's and OpenBLAS's do.
+_NEIGHBOUR = "import numpy as np\na = np.random.rand(256, 256) / 256\nwhile True:\n    a = np.tanh(a @ a)"
 
 
 def _timed(args: list[str], env: dict) -> tuple[float, float, int]:
@@ -38,22 +45,25 @@ def _timed(args: list[str], env: dict) -> tuple[float, float, int]:
     return wall, cpu, r.returncode
 
 
-def bench_sweep(experiment: str = "linattn.fig3", points: int = 4) -> dict:
+def bench_sweep(experiment: str = "linattn.fig3", points: int = 4, neighbour_experiment: str = "gating.optimum") -> dict:
     """Sweeps with 1, C and 2C workers, and one run idle and beside a CPU-bound neighbour (module docstring).
 
     Args:
-        experiment: the quick preset swept and run (a few seconds per run).
+        experiment: the quick preset swept (a few seconds per run).
         points: sweep points (base seeds 0..points−1).
+        neighbour_experiment: the quick preset run idle and beside the neighbour.
     Returns:
         JSON-able dict: cores; per sweep configuration its workers, threads per worker, wall and CPU
-        seconds; the wall speed-up of C workers over 1; per neighbour setting its wall and CPU seconds and
-        CPU ratio to the idle run.
+        seconds; the wall speed-up of C workers over 1; per thread setting its idle and beside-neighbour
+        wall and CPU seconds, and the CPU ratios to the idle run of the same setting and of iclab's
+        defaults.
     """
     cores = available_cores()
-    env = {k: v for k, v in os.environ.items() if k not in ("ICLAB_THREADS",) + POOL_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in ("ICLAB_THREADS",) + POOL_VARIABLES + BLAS_VARIABLES}
     env["CI"] = "true"  # no progress bars
     grid = "seed=" + ",".join(str(s) for s in range(points))
-    out: dict = {"experiment": experiment, "cores": cores, "points": points, "sweeps": {}, "neighbour": {}}
+    out: dict = {"experiment": experiment, "neighbour_experiment": neighbour_experiment, "cores": cores,
+                 "points": points, "sweeps": {}, "neighbour": {}}
     with tempfile.TemporaryDirectory(prefix="iclab-bench-sweep-") as tmp:
         for label, workers in (("1 worker", 1), ("1 worker per core", cores), ("2 workers per core", 2 * cores)):
             root = os.path.join(tmp, f"w{workers}")
@@ -64,20 +74,29 @@ def bench_sweep(experiment: str = "linattn.fig3", points: int = 4) -> dict:
         out["sweep_speedup_per_core_vs_1"] = (out["sweeps"]["1 worker"]["wall_s"]
                                               / out["sweeps"]["1 worker per core"]["wall_s"])
 
-        def run(tag: str, *extra: str) -> tuple[float, float]:
-            wall, cpu, _ = _timed(["run", experiment, "--force", "--out", os.path.join(tmp, tag), *extra], env)
+        def run(tag: str, *extra: str, blas: int | None = None) -> tuple[float, float]:
+            env_run = env if blas is None else {**env, **{name: str(blas) for name in BLAS_VARIABLES}}
+            wall, cpu, _ = _timed(["run", neighbour_experiment, "--force", "--out", os.path.join(tmp, tag), *extra],
+                                  env_run)
             return wall, cpu
 
+        settings = (("iclab defaults", (), None), (f"--threads {max(1, cores - 1)}", ("--threads", str(max(1, cores - 1))), None),
+                    ("BLAS one thread per core", (), cores))
         run("warm")  # the first run pays for cold caches (imports, files): not part of the comparison
-        idle_wall, idle_cpu = run("idle")
-        out["neighbour"]["idle"] = {"wall_s": idle_wall, "cpu_s": idle_cpu}
-        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for tag, extra, blas in settings:
+            wall, cpu = run("idle-" + tag.replace(" ", "-"), *extra, blas=blas)
+            out["neighbour"]["idle, " + tag] = {"wall_s": wall, "cpu_s": cpu}
+        idle_cpu = out["neighbour"]["idle, iclab defaults"]["cpu_s"]
+        neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR],
+                                     env={**env, **{name: str(cores) for name in BLAS_VARIABLES}})
         try:
             time.sleep(1.0)
-            for tag, extra in (("default threads", ()), (f"--threads {max(1, cores - 1)}",
-                                                          ("--threads", str(max(1, cores - 1))))):
-                wall, cpu = run(tag.replace(" ", "-"), *extra)
-                out["neighbour"][tag] = {"wall_s": wall, "cpu_s": cpu, "cpu_ratio_to_idle": cpu / idle_cpu}
+            for tag, extra, blas in settings:
+                wall, cpu = run("beside-" + tag.replace(" ", "-"), *extra, blas=blas)
+                own_idle = out["neighbour"]["idle, " + tag]["cpu_s"]
+                out["neighbour"]["beside a neighbour, " + tag] = {
+                    "wall_s": wall, "cpu_s": cpu, "cpu_ratio_to_idle": cpu / own_idle,
+                    "cpu_ratio_to_idle_defaults": cpu / idle_cpu}
         finally:
             neighbour.kill()
             neighbour.wait()

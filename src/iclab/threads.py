@@ -7,6 +7,13 @@ seeds (:mod:`iclab.engines.moments_native`). When fewer cores are free than thre
 spin and fight: measured on a 2-core machine beside one CPU-bound process, a quick preset's CPU time
 grew more than tenfold. Sweep workers and Ray tasks multiply this, each with a full pool.
 
+BLAS is a special case. iclab's numpy/scipy linear algebra is small (BFGS over a few weights, d × d
+solves): a second BLAS thread only busy-waits for work, and beside a neighbour it takes the neighbour's
+core. OpenBLAS's threads spin (``gating.optimum``'s BFGS was the tenfold above). So unless
+``ICLAB_THREADS`` or the user's own variable says otherwise, ``import iclab`` gives BLAS one thread
+(:data:`BLAS_VARIABLES`, where numpy has not loaded yet); XLA, which does iclab's heavy work, keeps one
+thread per core.
+
 :func:`set_threads` sets every pool's size for this process (and for the processes it starts). It must
 run before JAX computes anything (XLA sizes its pools when its CPU client starts) and, for BLAS, before
 numpy loads; ``ICLAB_THREADS`` is applied by ``import iclab`` itself, first thing. The CLI's
@@ -20,11 +27,14 @@ import os
 import sys
 import warnings
 
-__all__ = ["POOL_VARIABLES", "available_cores", "requested_threads", "set_threads", "thread_count"]
+__all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "set_threads", "thread_count"]
 
 #: Environment variables that size the thread pools of XLA (PJRT_NPROC), OpenMP, BLAS and numba.
 POOL_VARIABLES = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                   "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+#: The BLAS libraries' own variables: one thread each by default (module docstring).
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
 def available_cores() -> int:
@@ -65,8 +75,8 @@ def thread_count() -> int:
 def set_threads(n: int) -> None:
     """Sizes every thread pool of this process (and of the processes it starts) to ``n`` threads.
 
-    Sets ``ICLAB_THREADS`` and :data:`POOL_VARIABLES`, and PyTorch's intra-op threads if torch is loaded.
-    XLA reads ``PJRT_NPROC`` when its CPU client starts: if JAX has already computed in this process,
+    Sets ``ICLAB_THREADS`` and :data:`POOL_VARIABLES`, PyTorch's intra-op threads if torch is loaded, and
+    the pools of BLAS and OpenMP libraries already loaded (``threadpoolctl``). XLA reads ``PJRT_NPROC`` when its CPU client starts: if JAX has already computed in this process,
     its pools keep their size (a warning says so).
 
     Args:
@@ -80,9 +90,20 @@ def set_threads(n: int) -> None:
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
         torch.set_num_threads(n)
+    _limit_loaded_pools(n)
     if _jax_backend_started():
         warnings.warn(f"JAX's CPU client has started already: its thread pools keep their size (asked for {n}); set "
                       "ICLAB_THREADS before the process computes", stacklevel=2)
+
+
+def _limit_loaded_pools(n: int, user_api: str | None = None) -> None:
+    """Resizes the pools of BLAS / OpenMP libraries this process has loaded already (their variables are
+    read once, at load)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency; without it the variables still reach new processes
+        return
+    threadpool_limits(limits=n, user_api=user_api)
 
 
 def _jax_backend_started() -> bool:
@@ -105,3 +126,8 @@ def _apply_environment() -> None:
     if n is not None:
         for name in POOL_VARIABLES:
             os.environ[name] = str(n)
+        return
+    # A user's own variable wins. Where numpy loaded before iclab (a notebook), its BLAS has read its
+    # variables already and keeps its pool: ``set_threads`` resizes it.
+    for name in BLAS_VARIABLES:
+        os.environ.setdefault(name, "1")
