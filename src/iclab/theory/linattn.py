@@ -402,7 +402,7 @@ def white_loss(t, D, *, inv_N, w_init, c=1.0):
 
     Args:
         t: array of times (τ = 1); D: dimension; inv_N: E(1/N); w_init: initial layer norm; c: Λ = cI
-        (exact under the conditions of :func:`white_time_course`).
+            (exact under the conditions of :func:`white_time_course`).
     Returns:
         array L(t), same shape as t.
     """
