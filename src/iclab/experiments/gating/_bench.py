@@ -15,6 +15,15 @@ the mean squared error, an Adam update):
 Each is timed for 1 seed and for ``seeds`` seeds vmapped. The loop is one jitted ``fori_loop``,
 compiled once and timed on a second call (compilation reported separately). Before timing, the two
 forms' losses and gradients at the init are compared (they are one model).
+
+Roofline (:mod:`iclab.experiments._roofline`). The arithmetic floor of one prompt's forward pass in the
+query-only form, scalar gates, label read-out: u = W_k W_qᵀ z_T (4D² flops), the scores z_jᵀu, the gate
+pre-activations z_jᵀw_g and the label values z_jᵀ(W_v)_{:,d} (2TD each), and O(T) for the gates'
+suffix sums and the weighted sum: 6TD + 4D² (+ O(T)). Backward costs twice the forward (the usual
+count for products), so a step needs batch · 3(6TD + 4D²) flops, ≈ 3.3·10⁴ per prompt at T = 103,
+D = 16; Adam's O(D²) and the sampling are not counted. Reported: that floor per step, XLA's count of
+the compiled loss-and-gradient (sampling included), the achieved GFLOP/s (floor / measured step),
+and a float32 matmul's GFLOP/s measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
 from iclab.experiments._timing import steps_fn, time_first_and_second_call
 from iclab.experiments.gating._common import K
 from iclab.models import gla
@@ -55,7 +65,8 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         steps: steps per timed call.
     Returns:
         JSON-able dict: steps/s and seconds per step of each (form, seeds), their ratio, compile+first-call
-        seconds, the largest relative difference of loss and gradient between the forms, load and device.
+        seconds, the fast form's floor flops, achieved GFLOP/s and fraction of the measured matmul peak,
+        the roofline figures (module docstring), the largest relative difference of loss and gradient between the forms, load and device.
     """
     load_before = os.getloadavg()
     dtype = jnp.float32
@@ -84,6 +95,18 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
             out[f"{name}_{S}_seed{'s' if S > 1 else ''}"] = {
                 "steps_per_s": steps / second, "s_per_step": second / steps,
                 "seed_steps_per_s": S * steps / second, "compile_and_first_call_s": first}
+    T = K * n_bar + K + 1
+    floor_per_prompt = 3 * (6 * T * D + 4 * D * D)
+    xla_fast = compiled_flops(jax.value_and_grad(losses["last"]), params0, key)
+    peak = matmul_peak_gflops()
+    for S in (1, seeds):
+        entry = out[f"fast_{S}_seed{'s' if S > 1 else ''}"]
+        entry["floor_flops_per_step"] = S * batch * floor_per_prompt
+        entry["achieved_gflops"] = entry["floor_flops_per_step"] / entry["s_per_step"] / 1e9
+        entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
+    roofline = {"matmul_peak_gflops_f32": peak, "floor_flops_per_prompt": floor_per_prompt,
+                "xla_flops_per_step_1_seed": xla_fast,
+                "floor_over_xla_flops": None if not xla_fast else batch * floor_per_prompt / xla_fast}
     ratios = {f"speedup_{S}_seed{'s' if S > 1 else ''}":
               out[f"fast_{S}_seed{'s' if S > 1 else ''}"]["steps_per_s"]
               / out[f"recurrent_{S}_seed{'s' if S > 1 else ''}"]["steps_per_s"] for S in (1, seeds)}
@@ -92,6 +115,7 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
                    f"scalar gating, batch={batch}, float32, Adam lr={lr}, fresh prompts per step",
         **out,
         **ratios,
+        "roofline": roofline,
         "loss_rel_diff": float(abs(l_f - l_r) / abs(l_r)),
         "grad_max_rel_diff": grad_rel,
         "steps_timed_per_call": steps,
