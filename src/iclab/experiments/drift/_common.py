@@ -37,6 +37,7 @@ import numpy as np
 import optax
 from pydantic import model_validator
 
+from iclab import baselines
 from iclab.engines import Members, seed_keys, train_members
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
@@ -352,6 +353,93 @@ def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_
     y_model = model_predictions(params, Z, lam_eval, layers=layers)
     e = control_variate_risk((y_model - y) ** 2, (y_opt - y) ** 2, E_theory)
     return {"err": e["risk"], "err_se": e["risk_se"], "opt": e["ref"], "opt_se": e["ref_se"]}
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines on held-out prompts (issue 22): eq 15's algorithm and the Kalman filter
+
+
+@functools.partial(jax.jit, static_argnames=("layers",))
+def _eq15_match(params, lams, P, Z, y, layers=None):
+    """Models (M, ...) at forget factors lams (M,) against WPGD with P (M, d, d) and ω_i = λ^{n+1−i}, one prompt set."""
+    forward = gla.predict if layers is None else gla.predict_multilayer
+    n = Z.shape[-2] - 1
+
+    def match(args):
+        p, lam, P_m = args
+        omega = baselines.exponential_weights(n, lam=lam, dtype=Z.dtype)
+
+        def model(Z_):
+            return forward(p, Z_, lam)
+
+        def alg(Z_):
+            return baselines.wpgd(*baselines.split_drift_tokens(Z_), P=P_m, omega=omega)
+
+        m = baselines.algorithm_match(model, alg, Z, query=baselines.DRIFT_TOKENS_QUERY)
+        risk = baselines.mc_risk(alg, Z, target=y)
+        return jnp.stack([m.gap, m.gap_se, m.cosine, m.cosine_se, risk.mean, risk.se])
+
+    return jax.lax.map(match, (params, lams, P))
+
+
+def eq15_algorithm_match(config: TaskConfig, params, lams, gamma: float, Z, y, layers: int | None = None) -> dict:
+    """Issue 22: trained models against eq 15's predictor at their own λ, on shared held-out prompts Z.
+
+    The algorithm is the exponentially weighted estimator of Theorem 1, WPGD with ω_i = λ^{n+1−i}
+    (``iclab.baselines.exponential_weights``) and P = D1 Λ̃⁻¹ (the training (λ, γ)'s D1 and Λ̃), on the
+    context and query of the tokens (``iclab.baselines.split_drift_tokens``); the model is the trained GLA on
+    the same tokens (any parametrisation).
+
+    Args:
+        config: the task setting; params: M stacked models (leading axis M); lams: (M,) their forget factors.
+        gamma: the training γ; Z: (N, n+1, d+1) held-out tokens and y: (N,) their targets (``eval_prompts``).
+        layers: None for one layer, L for the L-layer residual GLA.
+    Returns:
+        dict of (M,) arrays: gap E(ŷ − ŷ_eq15)² (no ½), gap_se, cosine (mean query-sensitivity cosine), cosine_se,
+        alg_risk, alg_risk_se (eq 15's Monte Carlo error on the prompts, no ½).
+    """
+    lams = np.atleast_1d(np.asarray(lams, dtype=float))
+    P = []
+    for lam in lams:
+        D1, D2, D3, _ = theory.D_sums(float(lam), gamma=gamma, **config.process())
+        P.append(D1 * np.linalg.inv(theory.Lam_tilde(config.Lam(), D2=D2, D3=D3)))
+    res = np.asarray(_eq15_match(params, jnp.asarray(lams), jnp.asarray(np.stack(P)), jnp.asarray(Z), jnp.asarray(y),
+                                 layers=layers))
+    return {"gap": res[:, 0], "gap_se": res[:, 1], "cosine": res[:, 2], "cosine_se": res[:, 3], "alg_risk": res[:, 4],
+            "alg_risk_se": res[:, 5]}
+
+
+@jax.jit
+def _kalman(Z, y, gamma, sigma_w2, sigma_e2, Lam):
+    x, y_ctx, x_q = baselines.split_drift_tokens(Z)
+    # one pass of the filter gives both: the posterior mean of w_{n+1} (kalman_posterior_mean) and its covariance,
+    # which does not depend on the labels (kalman_bayes_risk = tr(Λ Cov))
+    kf = baselines.kalman_filter(x, y_ctx, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2)
+    pred = jnp.sum(kf.mean * x_q, axis=-1)
+    risk = jnp.sum(Lam * kf.cov, axis=(-2, -1))
+    mc = baselines.mean_and_se((pred - y) ** 2)
+    rb = baselines.mean_and_se(risk)
+    diff = baselines.mean_and_se((pred - y) ** 2 - risk)
+    return jnp.stack([rb.mean, rb.se, mc.mean, mc.se, diff.mean, diff.se])
+
+
+def kalman_risk(config: TaskConfig, gamma: float, Z, y) -> dict:
+    """Bayes risk of drift's AR(1) data model on held-out prompts (Z, y), no ½: the Kalman filter.
+
+    ``bayes``/``bayes_se``: the exact risk given each prompt's context inputs (``iclab.baselines.kalman_bayes_risk``,
+    the query integrated out) averaged over the prompts; ``bayes_mc``/``bayes_mc_se``: the Kalman posterior mean's
+    squared error on the same prompts (its Monte Carlo twin); ``mc_minus_bayes``/``mc_minus_bayes_se``: their
+    difference paired per prompt (mean 0 when the filter's model is the sampler's).
+
+    Args:
+        config: the task setting (σ_w², σ_e², Λ); gamma: the prompts' γ; Z: (N, n+1, d+1) tokens; y: (N,) targets.
+    Returns:
+        dict of floats.
+    """
+    v = np.asarray(_kalman(jnp.asarray(Z), jnp.asarray(y), gamma, config.sigma_w2, config.sigma_e2,
+                           jnp.asarray(config.Lam())))
+    return {"bayes": v[0], "bayes_se": v[1], "bayes_mc": v[2], "bayes_mc_se": v[3], "mc_minus_bayes": v[4],
+            "mc_minus_bayes_se": v[5]}
 
 
 # --------------------------------------------------------------------------------------------

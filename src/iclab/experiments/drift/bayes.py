@@ -244,10 +244,10 @@ def _plain_formatter():
 
 def _styles() -> dict:
     """(colour, marker, label, line width) per predictor: the baselines LMS and RLS in the project's thin grey
-    baseline style where ``_plot`` defines one, else in their own colours."""
-    base = getattr(_plot, "BASELINE_STYLE", None)
-    lms, rls = ((base["color"], base["color"]) if base else (COLORS[1], COLORS[2]))
-    lw = base["linewidth"] if base else 1.0
+    baseline style (told apart by their markers)."""
+    base = _plot.BASELINE_STYLE
+    lms = rls = base["color"]
+    lw = base["linewidth"]
     return {"gla": (COLORS[0], "o", "GLA(λ*)", 1.2), "kalman": ("k", "s", "Bayes (Kalman filter)", 1.2),
             "lms": (lms, "^", "LMS(μ*)", lw), "rls": (rls, "v", "RLS(β*)", lw)}
 

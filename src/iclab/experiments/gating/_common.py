@@ -33,6 +33,7 @@ sampler and the closed forms that involves no training).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -42,6 +43,7 @@ import numpy as np
 import optax
 from pydantic import field_validator
 
+from iclab import baselines
 from iclab.engines import Members, population, seed_keys, train_members
 from iclab.engines.joint import member_keys
 from iclab.experiments._analysis import control_variate_risk
@@ -66,8 +68,9 @@ COLOR = {"linatt": COLORS[0], "gla": COLORS[3], "gla_wo": COLORS[2], "gla_vector
 REF_CLASSES = ("att", "scalar", "vector", "half")
 #: The model families the gating experiments can train: those that read multitask tokens.
 TASKS = (gla.DELIMITED, gla.PLAIN)
-#: fold_in streams of a seed's key: member inits, training batches, test prompts, restricted-model inits.
-INIT_STREAM, DATA_STREAM, EVAL_STREAM, RESTRICTED_STREAM = 10, 20, 30, 100
+#: fold_in streams of a seed's key: member inits, training batches, test prompts, restricted-model inits, and
+#: the held-out prompts of the algorithm match and the Bayes risk (issue 22; no training stream is touched).
+INIT_STREAM, DATA_STREAM, EVAL_STREAM, RESTRICTED_STREAM, MATCH_STREAM = 10, 20, 30, 100, 40
 #: Bounds of the member-id encoding (``member_id``).
 MAX_RESTARTS, MAX_N_BAR = 128, 1000
 
@@ -586,3 +589,121 @@ def train_restricted(config: TaskConfig, kinds: Sequence[str], panels, *, steps:
                                          optimizer=optax.scale_by_adam(), record_every=rec, batched=True, callback=cb)
     out = jax.vmap(risks)(tr.final_params, aux)
     return tr, {k: np.asarray(v) / d for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines on held-out prompts (issue 22): algorithm match and the Bayes risk
+
+
+def match_prompts(config: TaskConfig, key_s, panel, n_bar: int, N: int):
+    """N held-out float64 prompts of (r₁, r₂) = ``panel`` with n̄ samples per block, drawn from
+    fold_in(fold_in(fold_in(key_s, MATCH_STREAM), panel index in PANELS), n̄): streams no training or test uses.
+
+    Returns:
+        ``iclab.tasks.multitask.MultitaskPrompts`` (x (N, K n̄, d), y, x_query, y_query).
+    """
+    code = PANELS.index(tuple(float(v) for v in panel))
+    factor = jnp.asarray(mt.two_task_factor(r1=float(panel[0]), r2=float(panel[1])))
+    return _draw_match(key_s, code, factor, float(np.sqrt(config.sigma2)), N=N, n_bar=n_bar, d=config.d)
+
+
+@functools.partial(jax.jit, static_argnames=("N", "n_bar", "d"))
+def _draw_match(key_s, code, factor, sigma, *, N: int, n_bar: int, d: int):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key_s, MATCH_STREAM), code), n_bar)
+    return mt.sample_blocks(key, N, [n_bar] * K, factor, None, sigma, d=d)
+
+
+# One compilation per n̄, each run once per (seed, panel) on ~10³ prompts: compiling without LLVM optimisation
+# saves most of the time (the same values to rounding).
+@functools.partial(jax.jit, static_argnames=("family", "n_bar", "d", "qc"),
+                   compiler_options={"xla_backend_optimization_level": 0})
+def _restricted_match(rparams, contexts, P_opt, omega_opt, prompts, *, family: str, n_bar: int, d: int, qc):
+    """A restricted model (as the full GLA on delimiter tokens) against WPGD (P_opt, ω_opt) on the same prompts."""
+    full = gla.restricted_to_full(rparams, d, contexts.shape[-1])
+    forward = get_model(family).predict
+
+    def model(pr):
+        Z = gla.delimiter_prompt(pr.x, pr.y, pr.x_query, [n_bar] * K, contexts, query_context=qc)[0]
+        return forward(full, Z, None, label=d)
+
+    alg = baselines.on_prompts(baselines.wpgd, P=P_opt, omega=omega_opt)
+    m = baselines.algorithm_match(model, alg, prompts)
+    risk = baselines.mc_risk(alg, prompts)
+    return {"gap": m.gap, "gap_se": m.gap_se, "cosine": m.cosine, "cosine_se": m.cosine_se,
+            "alg_risk": risk.mean, "alg_risk_se": risk.se}
+
+
+def restricted_algorithm_match(config: TaskConfig, family: str, rparams, panels, *, N: int, reporter=None) -> dict:
+    """Issue 22: trained restricted models against the optimal WPGD predictor (eq 17) on held-out prompts.
+
+    The model is the full one-layer GLA built from the restricted weights (``gla.restricted_to_full``) reading
+    the delimiter tokens of eq 19; the algorithm is ŷ = x_qᵀP*Xᵀ(ω* ⊙ y) with (P*, ω*) the global WPGD optimum
+    of the prompt's setting (``theory.wpgd_optimum``), on plain arrays (``iclab.baselines.wpgd``). Both read the
+    same N prompts of :func:`match_prompts` per (seed, panel, n̄ ≥ 1).
+
+    Args:
+        config: the task setting (d, p, σ², n̄ grid, query context).
+        family: the registered family of the restricted kind (``linatt``, ``gla``, ``gla_vector``).
+        rparams: its restricted params with leading (S, P, G) axes (``train_restricted``'s final params).
+        panels: (P,) sequence of (r₁, r₂).
+        N: held-out prompts per (seed, panel, n̄).
+        reporter: progress reporter (None: silent).
+    Returns:
+        dict of (S, P, G) arrays, NaN at n̄ = 0: gap (E(ŷ − ŷ*)², unnormalised), gap_se, cosine, cosine_se,
+        alg_risk, alg_risk_se (the optimum's Monte Carlo risk, no ½), opt_risk (L*_WPGD, eq 17 / Thm 2).
+    """
+    n_bars = config.n_bars
+    S, P_, G = config.seeds, len(panels), len(n_bars)
+    keys = seed_keys(config.seed, config.seeds)
+    contexts = sample_contexts(config)
+    names = ("gap", "gap_se", "cosine", "cosine_se", "alg_risk", "alg_risk_se", "opt_risk")
+    out = {k: np.full((S, P_, G), np.nan) for k in names}
+    I = np.eye(config.d)
+    with task(reporter, f"match restricted {family} with optimal WPGD", P_ * G) as cb:
+        for i, (r1, r2) in enumerate(panels):
+            for g, nb in enumerate(n_bars):
+                cb(i * G + g + 1, {})
+                if nb == 0:
+                    continue
+                R, r = theory.two_task_correlation(nb, r1=r1, r2=r2)
+                opt = theory.wpgd_optimum(I, R, r, config.sigma2)
+                for s in range(S):
+                    rp = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s, i, g]), rparams)
+                    res = _restricted_match(rp, contexts[s], jnp.asarray(opt.P), jnp.asarray(opt.omega),
+                                            match_prompts(config, keys[s], (r1, r2), nb, N), family=family,
+                                            n_bar=nb, d=config.d, qc=config.qc())
+                    for k, v in res.items():
+                        out[k][s, i, g] = float(v)
+                    out["opt_risk"][s, i, g] = opt.risk
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("n_bar",))
+def _bayes_risk(x, factor, sigma2, *, n_bar: int):
+    r = baselines.multitask_bayes_risk(x, block_sizes=(n_bar,) * K, factor=factor, sigma2=sigma2)
+    e = baselines.mean_and_se(r)
+    return e.mean, e.se
+
+
+def bayes_risks(config: TaskConfig, panels, *, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bayes risk of the data model (App B.1, Defs 1-2) per (seed, panel, n̄), no ½: the exact conditional risk
+    given the context inputs (``iclab.baselines.multitask_bayes_risk``, the query integrated out) averaged over
+    the contexts of the N held-out prompts of :func:`match_prompts`; n̄ = 0 is d + σ² exactly (ŷ = 0).
+
+    Returns:
+        (mean, standard error), each (S, P, G), unnormalised.
+    """
+    n_bars = config.n_bars
+    S, P_, G = config.seeds, len(panels), len(n_bars)
+    keys = seed_keys(config.seed, config.seeds)
+    mean, se = np.full((S, P_, G), config.d + config.sigma2), np.zeros((S, P_, G))
+    for i, (r1, r2) in enumerate(panels):
+        factor = jnp.asarray(mt.two_task_factor(r1=r1, r2=r2))
+        for g, nb in enumerate(n_bars):
+            if nb == 0:
+                continue
+            for s in range(S):
+                pr = match_prompts(config, keys[s], (r1, r2), nb, N)
+                m, e = _bayes_risk(pr.x, factor, config.sigma2, n_bar=nb)
+                mean[s, i, g], se[s, i, g] = float(m), float(e)
+    return mean, se
