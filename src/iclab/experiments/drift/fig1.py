@@ -366,7 +366,9 @@ def plot_fig1(config: Fig1Config, r: dict):
     ax.set_title("(a) train error vs λ; ★ trained λ*, × Thm 2 λ*" + (", ▼ learnt λ" if "learned_lam" in r else ""),
                  fontsize=9)
     saddles = "saddle_fine" in r and np.any(r["rank_one_share"] >= RANK_ONE_SHARE)
-    ax.legend(fontsize=7, ncol=1, title_fontsize=7, title="solid: trained GLA, dashed: Thm 2"
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.45 * (hi - lo))  # headroom: the legend sits above the curves, not on the largest γ's
+    ax.legend(fontsize=7, ncol=2, title_fontsize=7, loc="upper center", title="solid: trained GLA, dashed: Thm 2"
               + ("\nthin grey: Bayes (Kalman), eq 15 on held-out prompts" if "kalman_risk" in r else "")
               + ("\n○ on the rank-one saddle, dotted: its level" if saddles else ""))
     gi = int(np.argmin(np.abs(gam - config.shift_gamma)))
