@@ -45,3 +45,23 @@ def fig1_twin(tmp_path_factory, fig1_small, jax_cache):
     assert r.returncode in (0, 1), r.stderr
     assert [p["status"] for p in json.loads(r.stdout)["points"]] == ["done", "done"]
     return root
+
+
+@pytest.fixture
+def chromium_browser():
+    """A headless system Chromium driven by Playwright (skips without either; .ci/run installs Chromium)."""
+    import shutil
+
+    path = next(filter(None, (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome"))), None)
+    if path is None:
+        pytest.skip("no Chromium found (apt-get install chromium); .ci/run installs it in CI")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=path, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            yield browser
+        finally:
+            browser.close()

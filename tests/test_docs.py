@@ -52,68 +52,51 @@ def test_build_executed_every_tutorial(site):
         assert (site / "tutorials" / name / "figure-1.png").stat().st_size > 10_000
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def test_site_in_a_real_browser_from_the_file_system(site):
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no Chromium found (apt-get install chromium); .ci/run installs it in CI")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_site_in_a_real_browser_from_the_file_system(site, chromium_browser):
+    browser = chromium_browser
     errors, outside = [], []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
 
-        def only_files(route):
-            if route.request.url.startswith(("file://", "data:", "blob:")):
-                route.continue_()
-            else:  # nothing may be fetched at view time
-                outside.append(route.request.url)
-                route.abort()
+    def only_files(route):
+        if route.request.url.startswith(("file://", "data:", "blob:")):
+            route.continue_()
+        else:  # nothing may be fetched at view time
+            outside.append(route.request.url)
+            route.abort()
 
-        page.route("**/*", only_files)
+    page.route("**/*", only_files)
 
-        page.goto((site / "index.html").as_uri())
-        assert "iclab" in page.title()
-        text = page.inner_text("article")
-        assert "make demo" in text and "make test" in text
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "docs-index.png"), full_page=True)
+    page.goto((site / "index.html").as_uri())
+    assert "iclab" in page.title()
+    text = page.inner_text("article")
+    assert "make demo" in text and "make test" in text
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "docs-index.png"), full_page=True)
 
-        # the API reference: plateau_losses with its formula rendered by KaTeX, in KaTeX's own fonts
-        page.goto((site / "api" / "iclab.theory.linattn.html").as_uri())
-        heading = page.locator('[id="iclab.theory.linattn.plateau_losses"]')
-        assert heading.count() == 1
-        entry = heading.locator("xpath=..")
-        assert entry.locator(".katex").count() >= 1
-        assert entry.locator(".katex-error").count() == 0
-        tex = " ".join(entry.locator(".katex-mathml annotation").all_text_contents())
-        assert r"\operatorname{tr}\Lambda" in tex and r"\sum _{d\le m}" in tex
-        page.evaluate("document.fonts.ready")
-        assert page.evaluate("document.fonts.check('16px KaTeX_Main')")
-        entry.screenshot(path=str(ARTIFACTS / "docs-plateau-losses.png"))
+    # the API reference: plateau_losses with its formula rendered by KaTeX, in KaTeX's own fonts
+    page.goto((site / "api" / "iclab.theory.linattn.html").as_uri())
+    heading = page.locator('[id="iclab.theory.linattn.plateau_losses"]')
+    assert heading.count() == 1
+    entry = heading.locator("xpath=..")
+    assert entry.locator(".katex").count() >= 1
+    assert entry.locator(".katex-error").count() == 0
+    tex = " ".join(entry.locator(".katex-mathml annotation").all_text_contents())
+    assert r"\operatorname{tr}\Lambda" in tex and r"\sum _{d\le m}" in tex
+    page.evaluate("document.fonts.ready")
+    assert page.evaluate("document.fonts.check('16px KaTeX_Main')")
+    entry.screenshot(path=str(ARTIFACTS / "docs-plateau-losses.png"))
 
-        # every tutorial page shows its figure
-        for name in TUTORIALS:
-            page.goto((site / "tutorials" / f"{name}.html").as_uri())
-            images = page.eval_on_selector_all(
-                "article img", "els => els.map(e => [e.getAttribute('src'), e.complete && e.naturalWidth])")
-            figures = [(src, width) for src, width in images if src.startswith(f"{name}/figure-")]
-            assert figures, f"no figure on the {name} tutorial"
-            for src, width in figures:
-                assert width and width > 0, f"figure not loaded: {src} on {name}"
-            assert page.locator("text=assert").count() >= 1  # the theory check is on the page
-        browser.close()
+    # every tutorial page shows its figure
+    for name in TUTORIALS:
+        page.goto((site / "tutorials" / f"{name}.html").as_uri())
+        images = page.eval_on_selector_all(
+            "article img", "els => els.map(e => [e.getAttribute('src'), e.complete && e.naturalWidth])")
+        figures = [(src, width) for src, width in images if src.startswith(f"{name}/figure-")]
+        assert figures, f"no figure on the {name} tutorial"
+        for src, width in figures:
+            assert width and width > 0, f"figure not loaded: {src} on {name}"
+        assert page.locator("text=assert").count() >= 1  # the theory check is on the page
     assert not outside, outside
     assert not errors, errors

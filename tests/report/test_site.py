@@ -3,7 +3,6 @@
 import functools
 import http.server
 import json
-import shutil
 import threading
 from pathlib import Path
 
@@ -75,19 +74,8 @@ def test_curves_csv_expands_seeds(tmp_path):
     assert (tmp_path / "c.csv").read_text().splitlines()[0] == "t,loss[0],loss[1]"
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def test_report_in_a_real_browser(store_root, tmp_path):
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no Chromium found (apt-get install chromium); .ci/run installs it in CI")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_report_in_a_real_browser(store_root, tmp_path, chromium_browser):
+    browser = chromium_browser
     site = tmp_path / "site"
     build_site(store_root, site)
     class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -101,42 +89,36 @@ def test_report_in_a_real_browser(store_root, tmp_path):
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     errors, broken = [], []
     try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=chromium, headless=True,
-                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                      "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            to_visit, seen = [base + "index.html"], set()
-            while to_visit:
-                url = to_visit.pop()
-                if url in seen:
-                    continue
-                seen.add(url)
-                if not url.endswith(".html"):  # data and PDF links: fetched, not rendered
-                    if page.request.get(url).status != 200:
-                        broken.append(url)
-                    continue
-                response = page.goto(url)
-                if response is None or response.status != 200:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        to_visit, seen = [base + "index.html"], set()
+        while to_visit:
+            url = to_visit.pop()
+            if url in seen:
+                continue
+            seen.add(url)
+            if not url.endswith(".html"):  # data and PDF links: fetched, not rendered
+                if page.request.get(url).status != 200:
                     broken.append(url)
-                    continue
-                images = page.eval_on_selector_all("img", "els => els.map(e => [e.src, e.complete && e.naturalWidth])")
-                assert images or url == base + "index.html", f"no images on {url}"
-                for src, width in images:
-                    assert width and width > 0, f"image not loaded: {src} on {url}"
-                links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
-                for link in links:
-                    if link.startswith(base):
-                        to_visit.append(link.split("#")[0])
-                    else:
-                        broken.append(f"{link} (leaves the site, from {url})")
-                if url == base + "index.html":
-                    ARTIFACTS.mkdir(exist_ok=True)
-                    page.screenshot(path=str(ARTIFACTS / "report-index.png"), full_page=True)
-            browser.close()
+                continue
+            response = page.goto(url)
+            if response is None or response.status != 200:
+                broken.append(url)
+                continue
+            images = page.eval_on_selector_all("img", "els => els.map(e => [e.src, e.complete && e.naturalWidth])")
+            assert images or url == base + "index.html", f"no images on {url}"
+            for src, width in images:
+                assert width and width > 0, f"image not loaded: {src} on {url}"
+            links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+            for link in links:
+                if link.startswith(base):
+                    to_visit.append(link.split("#")[0])
+                else:
+                    broken.append(f"{link} (leaves the site, from {url})")
+            if url == base + "index.html":
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "report-index.png"), full_page=True)
     finally:
         server.shutdown()
     assert not broken, broken
