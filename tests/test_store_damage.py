@@ -369,9 +369,11 @@ def test_a_long_value_is_cut_in_the_message(tmp_path):
 
 def _start(root, *extra):
     env = dict(os.environ, CI="true", ICLAB_CHECKPOINT_EVERY="1")
+    # A background job of a non-interactive shell (as CI may start us) inherits SIGINT ignored, and Python
+    # keeps an ignored SIGINT ignored: restore the default so the child gets Ctrl-C as a terminal user's would.
     return subprocess.Popen([sys.executable, "-m", "iclab.cli", "run", DEMO, "--out", str(root), "--set",
                              "steps=1000000", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_running(root, proc, timeout=120):
