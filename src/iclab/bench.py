@@ -15,6 +15,10 @@ BENCHMARKS = {
                "Fig 1a setting at n̄ = 50 (d=10, p=5, T=103, batch 256): Adam steps/s, fast (query-only) vs per-token "
                "recurrent GLA, 1 and 10 seeds"),
     "mhsa": ("iclab.experiments.mhsa._bench", "bench_mhsa", "Fig 1 setting (H=I=3, d=30, L=100, batch 4096): SGD steps/s, full vs spectral model, 1 and 6 seeds"),
+    "drift": ("iclab.experiments.drift._bench", "bench_drift",
+              "drift.fig1 and drift.fig2 paper steps (d=10, n=100, batch 5000, qkv, AdamW, float32): sampling, loss and "
+              "gradient, whole step against the flop floor and the measured matmul peak; fig2's full layers parallel vs "
+              "chunked"),
     "sweep": ("iclab._bench_sweep", "bench_sweep",
               "sharing the CPU: a 4-point quick sweep with 1, C and 2C workers, and one run idle vs beside a "
               "CPU-bound neighbour (wall and CPU seconds)"),

@@ -16,7 +16,7 @@ import iclab.theory.drift as theory
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
 
-FORMS = ("readout", "parallel", "recurrent", "scan", "unrolled")
+FORMS = ("readout", "parallel", "chunked", "recurrent", "scan", "unrolled")
 LAYER_FORMS = FORMS[1:]
 # jitted (and several forms in one compile): far cheaper than op-by-op dispatch of every einsum
 predict = jax.jit(gla.predict, static_argnames="form")
@@ -128,6 +128,36 @@ def test_gradients_match_naive_loop(kind, d, n, B, lam):
         ref = np.asarray(want[1])
         np.testing.assert_allclose(grads[form][1], ref, atol=1e-12 * max(np.abs(ref).max(), 1.0), rtol=0,
                                    err_msg=f"{form} d/dZ")
+
+
+@pytest.mark.parametrize("kind,d,n,B,lam,chunks", [("qkv", 3, 12, 3, 0.8, (1, 4, 5, 13, 20)),
+                                                   ("restricted", 2, 9, 2, 0.6, (3, 4)), ("merged", 2, 4, 2, 1.2, (2,))])
+def test_chunked_form_against_naive_loop_for_every_chunk_size(kind, d, n, B, lam, chunks):
+    """Chunks of C tokens (one token each, several chunks with a padded first one, exact chunks, one chunk,
+    C > T): outputs at every position and gradients w.r.t. the weights and the tokens equal the naive loop's
+    to 1e-12 of their scale."""
+    key = jax.random.PRNGKey(40 + n)
+    Z = _prompts(key, d, n, B)
+    params = gla.init_gla(jax.random.fold_in(key, 1), d, kind, std=0.6)
+    W = jax.random.normal(jax.random.fold_in(key, 2), Z.shape)
+
+    def loss(p, Z, C):
+        O = _naive_jax(p, Z, lam) if C is None else gla.gla_chunked(p, Z, lam, chunk=C)
+        return jnp.sum(jnp.sin(O) * W)
+
+    got = jax.jit(lambda p, Z: {C: (gla.gla_chunked(p, Z, lam, chunk=C), jax.grad(loss, argnums=(0, 1))(p, Z, C))
+                                for C in chunks})(params, Z)
+    g_ref = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(params, Z, None)
+    ref = _naive(params, Z, lam)
+    for C, (out, g) in got.items():
+        np.testing.assert_allclose(out, ref, atol=1e-12 * np.abs(ref).max(), rtol=0, err_msg=f"C = {C}")
+        for name in params:
+            want = np.asarray(g_ref[0][name])
+            np.testing.assert_allclose(g[0][name], want, atol=1e-12 * max(np.abs(want).max(), 1.0), rtol=0,
+                                       err_msg=f"C = {C}, d/d{name}")
+        np.testing.assert_allclose(g[1], g_ref[1], atol=1e-12 * np.abs(g_ref[1]).max(), rtol=0, err_msg=f"C = {C}, d/dZ")
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        gla.gla_chunked(params, Z, lam, chunk=0)
 
 
 def test_gradient_against_finite_differences_of_naive_loop():

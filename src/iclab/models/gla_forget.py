@@ -19,7 +19,9 @@ so each form is written once. Equal forms (all positions):
 - parallel: O = (D_λ ⊙ Q Kᵀ) V with (D_λ)_{t,s} = λ^{t-s} 1[s ≤ t] (the paper's V (D_λ ⊙ KᵀQ) in
   its column layout), one (T, T) mask shared by the batch; for ``restricted``/``lemma2`` weights (a
   one-row W_V) the one value column is evaluated as o_t(d+1) = q_tᵀ (D_λ (v ⊙ K))_t, the same sum in another order;
-- scan: the recurrent form evaluated by an associative scan (log depth, O(T d²) work).
+- scan: the recurrent form evaluated by an associative scan (log depth, O(T d²) work);
+- chunked: the parallel form inside chunks of C tokens and the recurrent state between chunks
+  (O(T C d + T d²) work, no (T, T) matrix; ``gla_chunked``).
 
 ``predict(..., form="readout")`` evaluates only ŷ, in O(T d) per prompt: ŷ = Σ_i λ^{n+1-i}
 (W_V z_i)_{d+1} (k_iᵀ q_{n+1}); it is the fast path for training one layer.
@@ -53,12 +55,12 @@ import jax.numpy as jnp
 from iclab.models import gla as _gla
 
 __all__ = ["PARAMETRISATIONS", "Form", "Parametrisation", "decay_weights", "decayed_cumsum", "forget_factor",
-           "gla_layer", "gla_parallel", "gla_readout", "gla_recurrent", "gla_scan", "gla_unrolled", "init_assumption1",
+           "gla_chunked", "gla_layer", "gla_parallel", "gla_readout", "gla_recurrent", "gla_scan", "gla_unrolled", "init_assumption1",
            "init_gla", "lemma2_matrix", "merged_weights", "parametrisation", "predict", "predict_linear_attention",
            "predict_multilayer", "predict_restricted", "projections", "restricted_from_optimum"]
 
 Parametrisation = Literal["qkv", "merged", "lemma2", "restricted"]
-Form = Literal["readout", "parallel", "recurrent", "scan", "unrolled"]
+Form = Literal["readout", "parallel", "chunked", "recurrent", "scan", "unrolled"]
 PARAMETRISATIONS: tuple[str, ...] = ("qkv", "merged", "lemma2", "restricted")
 
 
@@ -263,6 +265,62 @@ def gla_scan(params, Z: jax.Array, lam=None) -> jax.Array:
     return jnp.einsum("...tij,...tj->...ti", S, Q)
 
 
+def _chunked(Q: jax.Array, K: jax.Array, V: jax.Array, lam, chunk: int) -> jax.Array:
+    """o_t = Σ_{s≤t} λ^{t−s} (q_t·k_s) v_s by chunks of C tokens: causal (C, C) blocks inside a chunk, a (D, D)
+    state carried between chunks. Shapes (..., T, D) for Q, K and (..., T, Dv) for V; returns (..., T, Dv)."""
+    T, C = Q.shape[-2], min(chunk, Q.shape[-2])
+    N = -(-T // C)
+    pad = N * C - T  # zero tokens in front: k = v = 0 adds nothing to any state
+    lead = Q.shape[:-2]
+
+    def blocks(A):
+        A = jnp.pad(A, [(0, 0)] * (A.ndim - 2) + [(pad, 0), (0, 0)])
+        return A.reshape(lead + (N, C, A.shape[-1]))
+
+    Qc, Kc, Vc = blocks(Q), blocks(K), blocks(V)
+    log_lam = jnp.log(jnp.asarray(lam, Q.dtype))
+    r = jnp.arange(C)
+    gap = r[:, None] - r[None, :]
+    decay = jnp.where(gap >= 0, jnp.exp(jnp.maximum(gap, 0) * log_lam), 0.0).astype(Q.dtype)  # λ^{r−s} 1[s ≤ r]
+    inner = jnp.einsum("...nrs,...nsv->...nrv", jnp.einsum("...nrd,...nsd->...nrs", Qc, Kc) * decay, Vc)
+    # U_j = Σ_r λ^{C−1−r} v_r k_rᵀ (chunk j's own state); S_j = λ^C S_{j−1} + U_j; chunk j reads S_{j−1}
+    U = jnp.einsum("...nrv,...nrd->...nvd", Vc * jnp.exp((C - 1 - r) * log_lam)[:, None].astype(Q.dtype), Kc)
+    lam_C = jnp.exp(C * log_lam).astype(Q.dtype)
+
+    def carry(S, U_j):
+        return lam_C * S + U_j, S
+
+    _, S_prev = jax.lax.scan(carry, jnp.zeros(lead + U.shape[-2:], Q.dtype), jnp.moveaxis(U, -3, 0))
+    outer = jnp.einsum("...nvd,...nrd->...nrv", jnp.moveaxis(S_prev, 0, -3), Qc)
+    O = inner + jnp.exp((r + 1) * log_lam)[:, None].astype(Q.dtype) * outer
+    return O.reshape(lead + (N * C, V.shape[-1]))[..., pad:, :]
+
+
+def gla_chunked(params, Z: jax.Array, lam=None, chunk: int = 16) -> jax.Array:
+    """Chunked form: the parallel form inside chunks of C tokens, the recurrent state between them.
+
+    For chunk j (tokens jC..jC+C−1, r the position inside it, the sequence padded in front with zero
+    tokens to a multiple of C): o_{jC+r} = Σ_{s≤r} λ^{r−s} (q_r·k_s) v_s + λ^{r+1} S_{j−1} q_r, with
+    S_j = λ^C S_{j−1} + Σ_r λ^{C−1−r} v_r k_rᵀ. O(T·C·D + T·D²) work per prompt against the parallel
+    form's O(T²·D), and no (T, T) score matrix. ``restricted``/``lemma2`` params carry one value column.
+
+    Args:
+        params: any parametrisation (optionally with ``theta``).
+        Z: (..., T, d+1) tokens.
+        lam: forget factor; None uses sigmoid(params["theta"]).
+        chunk: tokens per chunk C (≥ 1; C ≥ T is the parallel form).
+    Returns:
+        O: (..., T, d+1).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 (got {chunk})")
+    lam = forget_factor(params, lam)
+    Q, K, V = projections(params, Z)
+    if parametrisation(params) in ("restricted", "lemma2"):
+        return jnp.zeros_like(V).at[..., -1:].set(_chunked(Q, K, V[..., -1:], lam, chunk))
+    return _chunked(Q, K, V, lam, chunk)
+
+
 def gla_unrolled(params, Z: jax.Array, lam=None) -> jax.Array:
     """Unrolled form (eq 7) at every position: o_t = (Σ_{i≤t} λ^{t-i} v_i k_iᵀ) q_t = W_V (Σ_{i≤t} λ^{t-i} z_i z_iᵀ) W_Kᵀ W_Q z_t.
 
@@ -311,7 +369,8 @@ def gla_readout(params, Z: jax.Array, lam=None) -> jax.Array:
     return jnp.einsum("t,...t,...t->...", decay_weights(T, lam), Z @ v_row, jnp.einsum("...td,...d->...t", Z, c))
 
 
-_LAYER_FORMS = {"parallel": gla_parallel, "recurrent": gla_recurrent, "scan": gla_scan, "unrolled": gla_unrolled}
+_LAYER_FORMS = {"parallel": gla_parallel, "chunked": gla_chunked, "recurrent": gla_recurrent, "scan": gla_scan,
+                "unrolled": gla_unrolled}
 
 
 def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Array:
@@ -321,7 +380,7 @@ def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Ar
         params: any parametrisation (optionally with ``theta``).
         Z: (..., T, d+1) tokens.
         lam: forget factor; None uses sigmoid(params["theta"]).
-        form: ``parallel``, ``recurrent``, ``scan`` or ``unrolled``; all equal.
+        form: ``parallel``, ``chunked`` (16 tokens per chunk), ``recurrent``, ``scan`` or ``unrolled``; all equal.
     Returns:
         O: (..., T, d+1).
     """
@@ -337,7 +396,7 @@ def predict(params, Z: jax.Array, lam=None, form: Form = "readout") -> jax.Array
         params: any parametrisation (see module docstring), optionally with ``theta``.
         Z: (..., n+1, d+1) tokens with the query's label slot 0.
         lam: forget factor; None uses sigmoid(params["theta"]).
-        form: ``readout`` (fast), ``parallel``, ``recurrent``, ``scan`` or ``unrolled``; all equal.
+        form: ``readout`` (fast), ``parallel``, ``chunked``, ``recurrent``, ``scan`` or ``unrolled``; all equal.
     Returns:
         (...,) predictions.
     """
@@ -390,7 +449,8 @@ def predict_multilayer(layers, Z: jax.Array, lam, form: Form = "parallel") -> ja
             ``theta``, if any, is a scalar shared by the layers and not stacked).
         Z: (..., n+1, d+1) tokens.
         lam: shared forget factor, or None for sigmoid(layers["theta"]).
-        form: form of the full layers: ``parallel`` (quickest to compile), ``scan``, ``recurrent`` or ``unrolled``.
+        form: form of the full layers: ``parallel`` (quickest to compile), ``chunked``, ``scan``, ``recurrent`` or
+            ``unrolled``.
     Returns:
         (...,) predictions.
     """

@@ -177,13 +177,14 @@ def _forget_factors(params, settings):
     return jnp.where(settings["learn"], jax.nn.sigmoid(params["theta"]), settings["lam"])
 
 
-def _group_mse(layers: int | None):
+def _group_mse(layers: int | None, form: gla.Form = "parallel"):
     """The loss of a group: each member's MSE on the batch of its own γ, (G, K).
 
     Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
-    over the K members of a row with the batch shared.
+    over the K members of a row with the batch shared. ``form``: the form of an L-layer model's full layers
+    (one-layer models are read out at the query).
     """
-    forward = gla.predict if layers is None else gla.predict_multilayer
+    forward = gla.predict if layers is None else functools.partial(gla.predict_multilayer, form=form)
 
     def loss(params, batch, settings):
         Z, y = batch  # (G, B, T, d+1), (G, B)
