@@ -9,8 +9,14 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "ICLAB_THREADS" not in os.environ:
 import iclab  # noqa: F401, E402  (turns on float64 before any test builds arrays)
 
 import json  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -65,3 +71,87 @@ def chromium_browser():
             yield browser
         finally:
             browser.close()
+
+
+# -- a local Ray cluster (test_ray.py, test_shards.py) ------------------------------------------
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of a session (Ray puts its workers in process groups of their own, but
+    they stay in the session of the ``ray start`` that we made a session leader)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_session(sid: int) -> None:
+    """Ends every process of the cluster's session, by pid: SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 15)):
+        for pid in session_pids(sid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while session_pids(sid) and time.time() < deadline:
+            time.sleep(0.1)
+    assert not session_pids(sid), "Ray processes survived SIGKILL"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(jax_cache):
+    """A Ray head on 127.0.0.1 with 2 CPUs (skips without the ray extra), in a new session and a temporary
+    directory, stopped even when a test fails by ending the processes of that session (every process of this
+    cluster, workers included, and nothing else: ``ray stop`` would end every Ray cluster of the machine).
+
+    Yields {"env": the environment that finds it with ``auto``, "address": host:port, "sid": its session,
+    "pids": () -> its live processes, "cmdline": pid -> a process's command line}."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    tmp = tempfile.mkdtemp(prefix="iclab-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = dict(os.environ, **jax_cache, RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0",
+               # keep every address on the loopback interface (Ray otherwise swaps 127.0.0.1 for the
+               # machine's outward address)
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    port = _free_port()
+    log = open(Path(tmp) / "start.log", "w")
+    head = subprocess.Popen([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                             "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
+                             "--temp-dir", str(Path(tmp) / "ray")],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    sid = head.pid  # start_new_session: the head is its session's leader
+    try:
+        assert head.wait(timeout=180) == 0, (Path(tmp) / "start.log").read_text()[-3000:]
+        yield {"env": env, "address": f"127.0.0.1:{port}", "sid": sid, "pids": lambda: session_pids(sid),
+               "cmdline": cmdline}
+    finally:
+        stop_session(sid)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def free_port():
+    """A function returning a TCP port of 127.0.0.1 that nothing listens on (now)."""
+    return _free_port

@@ -111,11 +111,17 @@ def run_cmd(
                                    "moving it to .damaged/ and recomputing it"),
     threads: Optional[int] = typer.Option(None, "--threads", help="threads to compute with (XLA, BLAS, OpenMP, torch; "
                                           "default $ICLAB_THREADS, else one per core): fewer when sharing the machine"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="compute the experiment's shards as separate tasks: "
+                                           "local (process pool) or ray (a running Ray cluster); default: one process"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="shards computed at once (local default: one per "
+                                          "core, 1 runs in this process; ray default: the cluster's CPUs)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: auto (default) or host:port"),
 ) -> None:
     """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
 
     A run killed part-way resumes from its last checkpoint when run again; a NaN or infinite loss
-    stops it as diverged (exit 1), with the finite part of its trajectory stored."""
+    stops it as diverged (exit 1), with the finite part of its trajectory stored. With --executor, an
+    experiment that declares shards is computed shard by shard (each cached as it finishes) and assembled."""
     from iclab.progress import default_reporter
 
     _threads(threads)
@@ -126,6 +132,7 @@ def run_cmd(
         overrides[key] = value
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
                             reporter=default_reporter(), checkpoint_every=checkpoint_every, repair=not no_repair,
+                            executor=executor, workers=workers, address=address,
                             on_wait=lambda: print("another process is computing this run: waiting for it",
                                                   file=sys.stderr))
     if as_json:

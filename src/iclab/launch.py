@@ -383,11 +383,12 @@ def checkpoint_settings(every: int | None = None, seconds: float | None = None) 
 
 
 def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-            checkpoint_seconds: float | None = None, reporter: Reporter | None = None) -> dict:
+            checkpoint_seconds: float | None = None, reporter: Reporter | None = None, run=None) -> dict:
     """Runs, checks and plots one config; returns what the store needs (a picklable payload).
 
     With ``running_dir`` the engine loops checkpoint there and resume from what they find. A NaN or
     infinite loss ends the run as ``diverged`` with its finite trajectory; exceptions propagate.
+    ``run(config, reporter) -> arrays`` replaces ``exp.run`` (a sharded run: :func:`iclab.shards.run_shards`).
 
     Returns:
         {"status": "done" | "diverged", "arrays", "checks" (dicts), "figure_png", "figure_pdf"
@@ -404,7 +405,7 @@ def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkp
     payload = {"host": socket.gethostname(), "diverged": None}
     try:
         try:
-            arrays = exp.run(config, run_reporter)
+            arrays = (run or exp.run)(config, run_reporter)
         except Diverged as div:
             payload["status"] = "diverged"
             payload["diverged"] = {"task": div.label, "step": div.step, "t": div.t, "message": str(div),
@@ -499,6 +500,11 @@ def store_payload(store: Store, exp_id: str, digest: str, preset: str, resolved:
         metrics["diverged"] = payload["diverged"]
     if payload.get("resumed"):
         metrics["resumed"] = payload["resumed"]
+    if payload.get("sharded"):
+        metrics["sharded"] = payload["sharded"]
+        sh = payload["sharded"]
+        log.insert(2, f"sharded: {sh['shards']} shards on the {sh['executor']} executor ({sh['computed']} computed "
+                      f"now, {sh['reused']} reused from the shard cache)")
     payload["ended"] = time.time()
     metrics["index"] = {"id": row, "started": started, "ended": payload["ended"]}
     return store.write(exp_id, digest, {
@@ -547,6 +553,10 @@ def run_experiment(
     checkpoint_seconds: float | None = None,
     on_wait=None,
     repair: bool = True,
+    executor: str | None = None,
+    workers: int | None = None,
+    address: str | None = None,
+    retries: int = 2,
 ) -> RunResult:
     """Runs (or reuses) one experiment and stores it; see the module docstring. ``iclab run`` is this call.
 
@@ -564,12 +574,26 @@ def run_experiment(
         on_wait: called (no arguments) if another process is computing this run and we wait for it.
         repair: a stored result that fails its verification (:meth:`iclab.store.Store.verify`) is moved
             to ``.damaged/`` and recomputed; with False it is reported (:class:`RunDamaged`) instead.
+        executor: None (the default): the experiment's ``run`` in this process. ``local`` or ``ray``: its
+            shards (:mod:`iclab.shards`) as separate tasks on a process pool or a Ray cluster, each cached
+            as it finishes (a killed run, run again, computes only the missing shards), then assembled and
+            stored as one run. The config hash, hence the stored result, does not depend on the executor:
+            the assembled arrays equal the unsharded run's to float rounding.
+        workers: shards computed at once (local default: one per core, 1 runs in this process; ray
+            default: the cluster's CPUs); only with ``executor``.
+        address: the Ray cluster (``auto``, default, or ``host:port``); only with ``executor="ray"``.
+        retries: times a shard whose worker died is retried.
     Returns:
         The :class:`RunResult`: ``result.arrays["loss"]``, ``result.checks``, ``result.figure()``, ``result.path``.
     Raises:
-        UserError: bad input (one line; nothing written).
+        UserError: bad input (one line; nothing written), e.g. ``executor`` for an experiment without shards.
     """
+    from iclab.shards import check_options, shard_names
+
+    check_options(executor, workers, address, retries)
     exp, config = resolve_config(exp_id, preset, overrides, seeds)
+    if executor is not None:
+        shard_names(exp, config)
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     resolved = config.model_dump(mode="json")
     digest = config_hash(exp.id, resolved)
@@ -595,8 +619,13 @@ def run_experiment(
         started = time.time()
         row = store.begin(exp.id, digest, preset, resolved, started=started)
         try:
-            payload = compute(exp, config, running_dir=running, checkpoint_every=every, checkpoint_seconds=seconds,
-                              reporter=reporter)
+            if executor is None:
+                payload = compute(exp, config, running_dir=running, checkpoint_every=every,
+                                  checkpoint_seconds=seconds, reporter=reporter)
+            else:
+                payload = _compute_sharded(exp, config, digest, store, executor=executor, address=address,
+                                           workers=workers, retries=retries, checkpoint_every=every,
+                                           checkpoint_seconds=seconds, reporter=reporter)
             path = store_payload(store, exp.id, digest, preset, resolved, payload, row=row, started=started)
         except BaseException as err:
             _end_failed(store, row, err, time.perf_counter() - start)
@@ -608,6 +637,22 @@ def run_experiment(
     return RunResult(exp.id, path, resolved, payload["checks"], False, payload["wall_s"], payload["status"],
                      payload["diverged"], payload["resumed"], source=_USER_SOURCES.get(exp.id),
                      _arrays=payload["arrays"])
+
+
+def _compute_sharded(exp, config, digest: str, store: Store, *, reporter, **options) -> dict:
+    """:func:`compute` with the arrays from the run's shards (:func:`iclab.shards.run_shards`); the payload
+    records how the run was sharded (``sharded``) and which shards were reused or resumed (``resumed``)."""
+    from iclab.shards import run_shards
+
+    info: dict = {}
+    payload = compute(exp, config, reporter=reporter,
+                      run=lambda cfg, rep: run_shards(exp, cfg, digest, store, reporter=rep, info=info, **options))
+    notes = list(info.pop("resumed", []))
+    if info.get("reused"):
+        notes.insert(0, f"{info['reused']} of {info['shards']} shards reused from the shard cache of an earlier run")
+    payload["resumed"] = notes + payload["resumed"]
+    payload["sharded"] = info
+    return payload
 
 
 def interruption_note(err: BaseException) -> str | None:

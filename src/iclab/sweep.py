@@ -233,11 +233,13 @@ class _Crash(Exception):
 
 
 class _Inline:
-    """Runs points one at a time in the driver process (``--workers 1``)."""
+    """Runs tasks one at a time in the driver process (``--workers 1``); ``fn`` computes one task
+    (default: a sweep point, :func:`iclab.launch.compute_point`)."""
 
     capacity = 1
 
-    def __init__(self):
+    def __init__(self, fn=compute_point):
+        self.fn = fn
         self._queue: dict[int, tuple] = {}
         self._next = 0
 
@@ -249,7 +251,7 @@ class _Inline:
     def wait(self, handles, timeout):
         handle = next(iter(handles))
         try:
-            return [(handle, compute_point(*self._queue.pop(handle)), None)]
+            return [(handle, self.fn(*self._queue.pop(handle)), None)]
         except Exception as err:  # noqa: BLE001 - a point's error is its result
             return [(handle, None, err)]
 
@@ -277,11 +279,12 @@ def _init_worker(parent: int, threads: int | None = None) -> None:
 
 class _LocalPool:
     """A pool of worker processes (spawned: JAX does not survive fork); a pool broken by a dead
-    worker is replaced and its points retried."""
+    worker is replaced and its tasks retried. ``fn`` (a module-level function) computes one task."""
 
-    def __init__(self, workers: int, threads: int | None = None):
+    def __init__(self, workers: int, threads: int | None = None, fn=compute_point):
         self.capacity = workers
         self.threads = threads
+        self.fn = fn
         self._pool = None
 
     def _get(self):
@@ -294,10 +297,10 @@ class _LocalPool:
 
     def submit(self, args: tuple):
         try:
-            return self._get().submit(compute_point, *args)
+            return self._get().submit(self.fn, *args)
         except BrokenProcessPool:
             self._reset()
-            return self._get().submit(compute_point, *args)
+            return self._get().submit(self.fn, *args)
 
     def wait(self, handles, timeout):
         done, _ = cf.wait(list(handles), timeout=timeout, return_when=cf.FIRST_COMPLETED)
@@ -329,9 +332,10 @@ class _LocalPool:
 
 
 class _Ray:
-    """One Ray task per point on a running cluster; Ray retries a task whose worker died."""
+    """One Ray task per point (or per ``fn`` call) on a running cluster; Ray retries a task whose worker died."""
 
-    def __init__(self, address: str | None, workers: int | None, retries: int, threads: int | None = None):
+    def __init__(self, address: str | None, workers: int | None, retries: int, threads: int | None = None,
+                 fn=compute_point):
         try:
             import ray
         except ImportError:
@@ -353,7 +357,7 @@ class _Ray:
                             "(start one with `ray start --head`)") from None
         # One CPU per task, so one thread per task unless --threads says otherwise (then as many CPUs).
         self.threads = threads or 1
-        self.remote = ray.remote(num_cpus=self.threads, max_retries=retries, retry_exceptions=False)(compute_point)
+        self.remote = ray.remote(num_cpus=self.threads, max_retries=retries, retry_exceptions=False)(fn)
         cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
         self.capacity = workers or max(1, cpus // self.threads)
 
@@ -378,6 +382,32 @@ class _Ray:
             self.ray.shutdown()
         finally:
             sys.stdout = self._stdout
+
+
+def make_executor(executor: str, tasks: int, *, address: str | None = None, workers: int | None = None,
+                  retries: int = 2, threads: int | None = None, fn=compute_point, inline_fn=None):
+    """The executor of ``tasks`` independent tasks: ``ray`` (a running cluster), or ``local`` (a process
+    pool of ``workers`` processes, default one per core and at most one per task, each with its share
+    of the cores; one worker runs in this process).
+
+    Args:
+        executor: ``local`` or ``ray``; tasks: how many tasks there are.
+        address, workers, retries, threads: as in :func:`run_sweep`.
+        fn: the module-level function that computes one task (pickled to the workers).
+        inline_fn: what computes a task in this process (default ``fn``).
+    Returns:
+        An object with ``capacity``, ``submit(args) -> handle``, ``wait(handles, timeout) -> [(handle,
+        result, error)]`` and ``close(cancel)``.
+    """
+    if executor == "ray":
+        return _Ray(address, workers, retries, threads, fn=fn)
+    n = workers or min(available_cores(), tasks)
+    if n == 1:
+        if threads is not None:
+            set_threads(threads)
+        return _Inline(inline_fn or fn)
+    # the cores shared out: W workers of ⌊cores / W⌋ threads each (at least one)
+    return _LocalPool(n, threads or max(1, available_cores() // n), fn=fn)
 
 
 def _check_reachable(address: str) -> None:
@@ -493,16 +523,7 @@ def run_sweep(
         progress.close()
         return SweepResult(exp.id, preset, executor, [results[p.digest] for p in points], time.perf_counter() - start)
 
-    if executor == "ray":
-        ex = _Ray(address, workers, retries, threads)
-    else:
-        n = workers or min(available_cores(), len(todo))
-        if n == 1:
-            if threads is not None:
-                set_threads(threads)
-            ex = _Inline()
-        else:  # the cores shared out: W workers of ⌊cores / W⌋ threads each (at least one)
-            ex = _LocalPool(n, threads or max(1, available_cores() // n))
+    ex = make_executor(executor, len(todo), address=address, workers=workers, retries=retries, threads=threads)
     attempts: dict[str, int] = defaultdict(int)
     waiting: list[tuple[Point, object]] = []
     driver_host = socket.gethostname()

@@ -40,6 +40,20 @@ class Experiment:
         memory: ``memory(config) -> (bytes, what)``: an estimate of the run's largest memory need and
             what it is (e.g. "the P·N·D float64 prompts"), checked against the memory limit before
             anything runs (optional; see :func:`iclab.launch.memory_limit`).
+        shards, run_shard, assemble: the figure's shards (optional; all three or none), for
+            ``iclab run EXP --executor local|ray`` (:mod:`iclab.shards`). A shard is an independent part
+            of the figure: a set of its arrays' entries (e.g. gating.fig1's panel × block of n̄) whose
+            computation reads nothing of the other shards' (its models' init and data keys are functions
+            of (seed, member id, step) only, :mod:`iclab.engines.joint`), so that
+
+                run(config) = assemble(config, {s: run_shard(config, s) for s in shards(config)})
+
+            to float rounding (the reductions of a smaller grid may group their sums differently).
+            ``shards(config) -> list[str]``: the shard names of a resolved config (distinct, stable,
+            letters, digits, ``_ . = -`` only); ``run_shard(config, name, reporter) -> dict[str, array]``:
+            one shard's arrays; ``assemble(config, {name: arrays}, reporter) -> dict[str, array]``: the
+            arrays ``run`` would return, from every shard's (it may compute cheap shared things, e.g.
+            closed forms). ``run`` stays the whole grid in one process (the efficient form on one machine).
     """
 
     id: str
@@ -56,6 +70,14 @@ class Experiment:
     grid: dict[str, list] | None = None
     preflight: Callable | None = None
     memory: Callable | None = None
+    shards: Callable | None = None
+    run_shard: Callable | None = None
+    assemble: Callable | None = None
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the experiment declares shards (``iclab run --executor`` can split it)."""
+        return self.shards is not None
 
     def resolve(self, preset: str, overrides: dict | None = None) -> ExperimentConfig:
         """The config of a preset with field overrides applied (validated).
@@ -91,6 +113,10 @@ def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
         if key not in experiment.config.model_fields or not isinstance(values, list) or not values:
             raise ValueError(f"experiment {experiment.id}: grid entry {key!r} must name a config field "
                              "and give a non-empty list of values")
+    declared = [name for name in ("shards", "run_shard", "assemble") if getattr(experiment, name) is not None]
+    if declared and len(declared) != 3:
+        raise ValueError(f"experiment {experiment.id}: shards, run_shard and assemble go together (got only "
+                         f"{', '.join(declared)})")
     _REGISTRY[experiment.id] = experiment
     return experiment
 

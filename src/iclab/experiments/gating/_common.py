@@ -356,7 +356,8 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
     return Members(init, loss, member_ids(kind, panels, config.n_bars))
 
 
-def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, label: str = "train"):
+def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, label: str = "train",
+                 n_max: int | None = None):
     """Trains one model per (kind, panel, n̄) for every seed, jointly (module docstring).
 
     Args:
@@ -365,12 +366,14 @@ def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, 
         panels: (P,) sequence of (r₁, r₂), each one of ``PANELS``.
         reporter: progress reporter (None: silent).
         label: the training task's label.
+        n_max: the block size of the step's draw (default max(config.n_bars)); a shard of the n̄ grid
+            gives the whole grid's, so that its models see the same batches as inside the grid.
     Returns:
         (Trajectory of the summed loss, dict name -> final params with leading (S, P_kind, G) axes, float64).
     """
     dt = config.jnp_dtype()
     n_bars = config.n_bars
-    n_max = max(n_bars)
+    n_max = max(n_bars) if n_max is None else n_max
     d = config.d
     factors = jnp.asarray(panel_factors(panels), dt)
     need = {_fmt(kind.family) for kind in kinds.values()}
@@ -401,21 +404,24 @@ def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, 
 # Evaluation
 
 
-def evaluate(config: TrainConfig, kinds: dict[str, Kind], params: dict, panels, refs: dict, reporter=None) -> dict:
+def evaluate(config: TrainConfig, kinds: dict[str, Kind], params: dict, panels, refs: dict, reporter=None, *,
+             n_max: int | None = None, classes: Sequence[str] | None = None) -> dict:
     """Test risks of trained models on fresh float64 prompts, with the control variates of the module docstring.
 
     Args:
         config, kinds, panels: as in ``train_models``.
         params: name -> final params (S, P_kind, G, ...).
-        refs: ``theory_refs`` output for (panels, config.n_bars, max n̄).
+        refs: ``theory_refs`` output for (panels, config.n_bars, n_max).
         reporter: progress reporter (None: silent).
+        n_max: the block size of the test prompts' draw (default max(config.n_bars); a shard gives the grid's).
+        classes: the reference classes evaluated (default those of ``kinds``; a shard gives the whole grid's).
     Returns:
         dict of arrays normalised by d: risk_<name>, raw_<name>, se_<name>, se_raw_<name> (S·R, P, G), one row
         per run (seed s, restart j at row s·R + j, R = the most restarts of a panel; NaN where a kind is not
         trained), ref_raw_<cls>, ref_se_<cls> (S, P, G).
     """
     n_bars = config.n_bars
-    n_max, G, d, S = max(n_bars), len(n_bars), config.d, config.seeds
+    n_max, G, d, S = max(n_bars) if n_max is None else n_max, len(n_bars), config.d, config.seeds
     sigma = float(np.sqrt(config.sigma2))
     need = {_fmt(kind.family) for kind in kinds.values()}
     smask = jnp.asarray(sample_masks(n_max, n_bars))
@@ -453,7 +459,7 @@ def evaluate(config: TrainConfig, kinds: dict[str, Kind], params: dict, panels, 
             errs["ref_" + cls] = (pred - pr.y_query) ** 2
         return errs
 
-    classes = sorted({kind.ref for kind in kinds.values()})
+    classes = sorted({kind.ref for kind in kinds.values()} if classes is None else set(classes))
     sums: dict = {}
     with task(reporter, "evaluate", S * len(panels) * n_chunks) as cb:
         done = 0
@@ -532,7 +538,7 @@ def _restricted_init(kind: str, d: int, p: int, std: float):
 
 
 def train_restricted(config: TaskConfig, kinds: Sequence[str], panels, *, steps: int, lr: float, init_std: float,
-                     reporter, record_every: int | None = None):
+                     reporter, record_every: int | None = None, n_max: int | None = None):
     """Restricted models (eq 20 + Thm 4/5 gates on the contexts) trained by Adam on the exact risk eq 37.
 
     ŷ = xᵀ P_q P_kᵀ Xᵀ(ω ⊙ y) with ω from the gates of the token sequence (``gla.restricted_wpgd``), so the
@@ -547,11 +553,13 @@ def train_restricted(config: TaskConfig, kinds: Sequence[str], panels, *, steps:
         steps: Adam steps; lr: learning rate; init_std: std of the Gaussian init.
         reporter: progress reporter (None: silent).
         record_every: record spacing (default: steps // 20).
+        n_max: the padded block size (default max(config.n_bars); a shard gives the whole grid's, so that
+            its models' risks are the same sums as inside the grid).
     Returns:
         (Trajectory, dict kind -> (S, P, G) final exact risk / d).
     """
     n_bars = config.n_bars
-    n_max, G, d = max(n_bars), len(n_bars), config.d
+    n_max, G, d = max(n_bars) if n_max is None else n_max, len(n_bars), config.d
     Rs = np.zeros((len(panels), G, K * n_max, K * n_max))
     rs = np.zeros((len(panels), G, K * n_max))
     for i, (r1, r2) in enumerate(panels):
@@ -707,3 +715,54 @@ def bayes_risks(config: TaskConfig, panels, *, N: int) -> tuple[np.ndarray, np.n
                 m, e = _bayes_risk(pr.x, factor, config.sigma2, n_bar=nb)
                 mean[s, i, g], se[s, i, g] = float(m), float(e)
     return mean, se
+
+
+# --------------------------------------------------------------------------------------------
+# Shards (iclab run --executor): independent parts of a figure
+
+
+#: n̄ values per shard of the gating figures: the paper preset's 10 make 5 blocks, so 20 shards for Fig 1 (4 panels)
+#: and 15 for Fig 2 (3 depths). In the padded layout a block costs its size × T(n̄_max) per step, so equal blocks
+#: cost the same; each shard also draws the step's batch at n̄_max and compiles its own loop, which a larger
+#: block shares among more models.
+NBAR_BLOCK = 2
+
+
+def nbar_blocks(n_bars: Sequence[int], size: int = NBAR_BLOCK) -> list[list[int]]:
+    """The n̄ grid cut into consecutive blocks of at most ``size`` values (the last one may be shorter)."""
+    n_bars = list(n_bars)
+    return [n_bars[k:k + size] for k in range(0, len(n_bars), size)]
+
+
+def block_label(block: Sequence[int]) -> str:
+    """A block's part of a shard name: ``n<first>-<last>``."""
+    return f"n{block[0]}-{block[-1]}"
+
+
+def put_block(out: dict, key: str, value, full_shape: tuple, where: tuple) -> None:
+    """Writes a shard's array into the figure's (NaN-filled on first use) at index ``where``.
+
+    Args:
+        out: the figure's arrays being assembled; key: the array's name.
+        value: the shard's entries, broadcastable to ``full[where]``.
+        full_shape: the figure's shape of this array.
+        where: an index of the figure's array (tuples of ints and slices).
+    """
+    if key not in out:
+        out[key] = np.full(full_shape, np.nan, dtype=np.result_type(np.asarray(value).dtype, np.float64))
+    out[key][where] = value
+
+
+def summed_loss(parts: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(train_step, train_loss) of a grid from its shards': the same record steps, the summed loss Σ_m ℓ_m
+    (summed in float64, stored in the shards' dtype).
+
+    Raises:
+        ValueError: shards recorded at different steps (they were not parts of one run).
+    """
+    step = np.asarray(parts[0]["train_step"])
+    for part in parts[1:]:
+        if not np.array_equal(np.asarray(part["train_step"]), step):
+            raise ValueError("shards recorded their training loss at different steps")
+    dtype = np.asarray(parts[0]["train_loss"]).dtype
+    return step, np.sum([np.asarray(p["train_loss"], dtype=np.float64) for p in parts], axis=0).astype(dtype)

@@ -21,9 +21,13 @@ from iclab.experiments.gating._common import (
     Kind,
     TrainConfig,
     bayes_risks,
+    block_label,
     evaluate,
     family_names,
+    nbar_blocks,
+    put_block,
     restricted_algorithm_match,
+    summed_loss,
     theory_refs,
     train_models,
     train_restricted,
@@ -137,14 +141,17 @@ def _models(config: Fig1Config) -> dict[str, Kind]:
     return out
 
 
-def run_fig1(config: Fig1Config, reporter) -> dict:
+def run_fig1(config: Fig1Config, reporter, *, n_max: int | None = None, classes=None) -> dict:
+    """The figure's arrays: every (kind, panel, n̄) trained jointly, evaluated, with the closed forms, the
+    restricted models and the baselines. ``n_max`` and ``classes`` are those of the whole grid when
+    ``config`` is one shard's (:func:`run_shard_fig1`)."""
     panels = config.panel_values()
-    n_max = max(config.n_bars)
+    n_max = max(config.n_bars) if n_max is None else n_max
     refs = theory_refs(config.d, config.sigma2, panels, config.n_bars, n_max)
     models = _models(config)
     tr, params = train_models(config, models, panels, reporter, label=f"{len(models)} kinds x {len(panels)} panels "
-                              f"x {len(config.n_bars)} n̄ x {config.seeds} seeds")
-    out = evaluate(config, models, params, panels, refs, reporter)
+                              f"x {len(config.n_bars)} n̄ x {config.seeds} seeds", n_max=n_max)
+    out = evaluate(config, models, params, panels, refs, reporter, n_max=n_max, classes=classes)
     out.update({
         "n_bars": np.asarray(config.n_bars), "panels": np.asarray(panels),
         "eq17": refs["eq17"] / config.d, "eq24": refs["eq24"] / config.d,
@@ -154,7 +161,7 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
     if config.restricted:
         kinds = [k for k in ("linatt", "gla", "gla_vector") if k in config.models]
         tr_r, pop = train_restricted(config, kinds, panels, steps=config.restricted_steps, lr=config.restricted_lr,
-                                     init_std=config.init_std, reporter=reporter)
+                                     init_std=config.init_std, reporter=reporter, n_max=n_max)
         out.update({f"restricted_{k}": v for k, v in pop.items()})
         if "gla_vector" in kinds:
             match = restricted_algorithm_match(config, "gla_vector", tr_r.final_params["gla_vector"], panels,
@@ -163,6 +170,76 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
                 out[f"match_gla_vector_{k}"] = v if k.startswith("cosine") else v / config.d
     bayes, bayes_se = bayes_risks(config, panels, N=config.n_match)
     out["bayes_risk"], out["bayes_risk_se"] = bayes / config.d, bayes_se / config.d
+    return out
+
+
+# Shards: one per (panel, block of n̄). Every array of the figure is indexed by (…, panel, n̄), and a model's
+# init and batches depend only on (seed, member id, step) with the member id a function of (kind, panel,
+# restart, n̄) (_common.member_id) and the batch drawn at the whole grid's n̄_max, so a shard trains exactly its
+# members of the joint run; the restricted models, the held-out match and the Bayes risks are per (panel, n̄)
+# too. What the shards share is only the summed training loss, which adds up.
+
+
+def _shard_table(config: Fig1Config) -> dict[str, tuple[str, list[int]]]:
+    return {f"{panel}.{block_label(block)}": (panel, block)
+            for panel in config.panels for block in nbar_blocks(config.n_bars)}
+
+
+def shards_fig1(config: Fig1Config) -> list[str]:
+    """One shard per (panel, block of ≤ NBAR_BLOCK consecutive n̄): ``<panel>.n<first>-<last>``."""
+    return list(_shard_table(config))
+
+
+def _shard_config(config: Fig1Config, panel: str, block: list[int]) -> Fig1Config:
+    return config.model_copy(update={"panels": [panel], "n_bars": list(block),
+                                     "vector_panels": [panel] if panel in config.vector_panels else []})
+
+
+def _classes(config: Fig1Config) -> list[str]:
+    return sorted({kind.ref for kind in _models(config).values()})
+
+
+def run_shard_fig1(config: Fig1Config, name: str, reporter) -> dict:
+    """The arrays of one shard: :func:`run_fig1` on one panel and one block of n̄, at the whole grid's n̄_max
+    and reference classes."""
+    table = _shard_table(config)
+    if name not in table:
+        raise ValueError(f"gating.fig1 has no shard {name!r} at this config (shards: {', '.join(table)})")
+    panel, block = table[name]
+    return run_fig1(_shard_config(config, panel, block), reporter, n_max=max(config.n_bars), classes=_classes(config))
+
+
+def _runs_per_panel(kind) -> int:
+    return max(kind.panels.count(i) for i in set(kind.panels))
+
+
+def assemble_fig1(config: Fig1Config, parts: dict[str, dict], reporter=None) -> dict:
+    """The figure's arrays from every shard's (the layout of :func:`run_fig1`): entries placed at their
+    (panel, n̄), a kind's runs (seed s, restart j) at row s·R + j with R of the whole grid, NaN where a kind is
+    not trained, the summed training loss added up over the shards."""
+    P, G, S = len(config.panels), len(config.n_bars), config.seeds
+    rows = {name: _runs_per_panel(kind) for name, kind in _models(config).items()}
+    per_run = [(prefix, name) for prefix in ("se_raw_", "risk_", "raw_", "se_") for name in rows]
+    out: dict = {}
+    for shard, (panel, block) in _shard_table(config).items():
+        arrays = parts[shard]
+        i = config.panels.index(panel)
+        g = config.n_bars.index(block[0])
+        cols = slice(g, g + len(block))
+        sub_rows = {name: _runs_per_panel(kind) for name, kind in _models(_shard_config(config, panel, block)).items()}
+        for key, value in arrays.items():
+            if key in ("n_bars", "panels", "train_step", "train_loss"):
+                continue
+            value = np.asarray(value)
+            kind = next((name for prefix, name in per_run if key == prefix + name), None)
+            if kind is None:
+                put_block(out, key, value[..., 0, :], value.shape[:-2] + (P, G), (..., i, cols))
+                continue
+            R, r = rows[kind], sub_rows[kind]
+            for s in range(S):
+                put_block(out, key, value[s * r:(s + 1) * r, 0], (S * R, P, G), (slice(s * R, s * R + r), i, cols))
+    out["train_step"], out["train_loss"] = summed_loss([parts[name] for name in _shard_table(config)])
+    out["n_bars"], out["panels"] = np.asarray(config.n_bars), np.asarray(config.panel_values())
     return out
 
 
@@ -399,6 +476,9 @@ register(
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
+        shards=shards_fig1,
+        run_shard=run_shard_fig1,
+        assemble=assemble_fig1,
         notes=[
             "Models are unrestricted one-layer GLAs (W_q, W_k, W_v ∈ R^{D×D}, D = d+1+p) with sigmoid gates without "
             "bias: scalar φ(w_gᵀz)1 (GLA, GLA-wo) or vector φ(W_g z)1ᵀ with a linear head (GLA-vector); LinAtt has "
@@ -433,6 +513,10 @@ register(
             "cosine ≥ 0.99. Bayes floor: iclab.baselines.multitask_bayes_risk (exact given the contexts) averaged over "
             "the same prompts; no trained model, unrestricted or restricted, below it by more than 3 SE. Thin grey "
             "lines: WPGD*'s held-out risk and the Bayes risk.",
+            "Shards (iclab run --executor local|ray): one per panel × block of NBAR_BLOCK consecutive n̄, each the "
+            "joint training, evaluation, restricted models and baselines of its members at the whole grid's n̄_max "
+            "(so the same batches and init keys as in the joint run); the assembled arrays equal the unsharded "
+            "run's to float rounding.",
         ],
     )
 )

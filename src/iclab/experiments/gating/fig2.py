@@ -17,7 +17,11 @@ from iclab.experiments.gating._common import (
     PAPER,
     Kind,
     TrainConfig,
+    block_label,
     evaluate,
+    nbar_blocks,
+    put_block,
+    summed_loss,
     theory_refs,
     train_models,
 )
@@ -58,16 +62,65 @@ def _models(config: Fig2Config) -> dict[str, Kind]:
     return {f"gla_{L}": _kind(L) for L in config.layers}
 
 
-def run_fig2(config: Fig2Config, reporter) -> dict:
+def run_fig2(config: Fig2Config, reporter, *, n_max: int | None = None) -> dict:
+    """The figure's arrays: every (depth, n̄) trained jointly and evaluated; ``n_max`` is the whole grid's
+    when ``config`` is one shard's (:func:`run_shard_fig2`)."""
     panels = [PANELS[0]]
-    refs = theory_refs(config.d, config.sigma2, panels, config.n_bars, max(config.n_bars))
+    n_max = max(config.n_bars) if n_max is None else n_max
+    refs = theory_refs(config.d, config.sigma2, panels, config.n_bars, n_max)
     models = _models(config)
     tr, params = train_models(config, models, panels, reporter,
-                              label=f"GLA of depth {config.layers} x {len(config.n_bars)} n̄ x {config.seeds} seeds")
-    out = evaluate(config, models, params, panels, refs, reporter)
+                              label=f"GLA of depth {config.layers} x {len(config.n_bars)} n̄ x {config.seeds} seeds",
+                              n_max=n_max)
+    out = evaluate(config, models, params, panels, refs, reporter, n_max=n_max)
     out.update({"n_bars": np.asarray(config.n_bars), "layers": np.asarray(config.layers),
                 "eq17": refs["eq17"] / config.d, "eq24": refs["eq24"] / config.d,
                 "train_step": tr.step, "train_loss": tr.loss})
+    return out
+
+
+# Shards: one per (depth L, block of n̄). A model's id is a function of (L, n̄) (code L, panel a) and every
+# batch is drawn at the whole grid's n̄_max, so a shard trains exactly its members of the joint run. The
+# reference predictor (eq 17's, on the same test prompts) and the closed forms depend on n̄ only: each depth's
+# shard computes them, and the first depth's are kept.
+
+
+def _shard_table(config: Fig2Config) -> dict[str, tuple[int, list[int]]]:
+    return {f"L{L}.{block_label(block)}": (L, block) for L in config.layers for block in nbar_blocks(config.n_bars)}
+
+
+def shards_fig2(config: Fig2Config) -> list[str]:
+    """One shard per (depth, block of ≤ NBAR_BLOCK consecutive n̄): ``L<depth>.n<first>-<last>``."""
+    return list(_shard_table(config))
+
+
+def run_shard_fig2(config: Fig2Config, name: str, reporter) -> dict:
+    """The arrays of one shard: :func:`run_fig2` at one depth and one block of n̄, at the whole grid's n̄_max."""
+    table = _shard_table(config)
+    if name not in table:
+        raise ValueError(f"gating.fig2 has no shard {name!r} at this config (shards: {', '.join(table)})")
+    L, block = table[name]
+    sub = config.model_copy(update={"layers": [L], "n_bars": list(block)})
+    return run_fig2(sub, reporter, n_max=max(config.n_bars))
+
+
+def assemble_fig2(config: Fig2Config, parts: dict[str, dict], reporter=None) -> dict:
+    """The figure's arrays from every shard's (the layout of :func:`run_fig2`), the summed training loss added
+    up over the shards."""
+    G = len(config.n_bars)
+    out: dict = {}
+    for shard, (L, block) in _shard_table(config).items():
+        g = config.n_bars.index(block[0])
+        cols = slice(g, g + len(block))
+        for key, value in parts[shard].items():
+            if key in ("n_bars", "layers", "train_step", "train_loss"):
+                continue
+            if not key.endswith(f"_gla_{L}") and L != config.layers[0]:
+                continue  # the n̄-only arrays (reference predictor, closed forms): the first depth's
+            value = np.asarray(value)
+            put_block(out, key, value, value.shape[:-1] + (G,), (..., cols))
+    out["train_step"], out["train_loss"] = summed_loss([parts[name] for name in _shard_table(config)])
+    out["n_bars"], out["layers"] = np.asarray(config.n_bars), np.asarray(config.layers)
     return out
 
 
@@ -149,6 +202,9 @@ register(
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
+        shards=shards_fig2,
+        run_shard=run_shard_fig2,
+        assemble=assemble_fig2,
         notes=[
             "Residual L-layer GLA of eq 25 (no MLP, no normalisation), unrestricted W_q, W_k, W_v and its own "
             "scalar sigmoid gate w_g in every layer, delimiter prompts (eq 19); readout: the label slot of the "
@@ -168,6 +224,9 @@ register(
             "Risk: best seed of the control-variate estimate against the eq 17 optimal predictor (gating._common).",
             "quick: d = 5, n̄ ∈ {0, 4, 8}, 700 steps at lr 0.01 with cosine decay, best of 2 seeds, 4096 test "
             "prompts (paper: d = 10, p = 5, n̄ = 0..50, 10000 steps at constant lr 1e-3, best of 10 runs).",
+            "Shards (iclab run --executor local|ray): one per depth × block of NBAR_BLOCK consecutive n̄, trained at "
+            "the whole grid's n̄_max (the same batches and init keys as in the joint run); the assembled arrays equal "
+            "the unsharded run's to float rounding.",
         ],
     )
 )

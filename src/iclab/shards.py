@@ -1,0 +1,302 @@
+"""Sharded runs: one figure computed as independent shards on local processes or a Ray cluster.
+
+An experiment may declare shards (:class:`iclab.experiments.Experiment` ``shards``, ``run_shard``,
+``assemble``): independent parts of its figure, e.g. gating.fig1's panels × blocks of n̄. ``iclab run EXP
+--executor local --workers N`` (or ``--executor ray [--address ADDR]``) then
+
+1. lists the shards of the resolved config and reuses every one cached by an earlier, interrupted run of
+   the same config;
+2. computes the others as separate tasks on the sweep executors (:func:`iclab.sweep.make_executor`: a
+   process pool, or one Ray task per shard), each checkpointing its engine loops on the node computing it;
+3. caches each finished shard in the run's in-progress folder as it arrives (written to a temporary name
+   and renamed, with its size and SHA-256 in a sidecar; a cached shard that fails the check is recomputed);
+4. assembles the figure's arrays (``assemble``) and stores them as an ordinary run: checks, figure,
+   index row, ``metrics.json`` with ``sharded`` (the executor, the number of shards, how many were
+   computed now and how many reused).
+
+The shard cache of a run is ``<root>/.running/<experiment>-<hash>/shards/<shard>.npz`` (+ ``.json``),
+removed with the rest of the in-progress folder once the run is stored; ``--force`` starts it afresh.
+The config hash does not depend on the executor: a sharded run's result equals the unsharded run's to
+float rounding, and either one is reused by the other.
+
+Workers need no shared file system: they return a shard's arrays to the driver, which writes the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from iclab.launch import UserError, experiment_or_error, experiment_ref
+from iclab.progress import Reporter, RunReporter, task
+from iclab.store import Store, config_hash
+
+__all__ = ["EXECUTORS", "ShardCache", "ShardFailed", "check_options", "compute_shard", "run_shards", "shard_names"]
+
+EXECUTORS = ("local", "ray")
+#: What a shard name may be: it names a file in the shard cache.
+SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]{0,127}")
+
+
+class ShardFailed(RuntimeError):
+    """A shard raised an exception (a bug, or a worker that died more often than ``retries``)."""
+
+
+def check_options(executor: str | None, workers: int | None, address: str | None, retries: int = 2) -> None:
+    """Checks the sharding options of a run; each problem is one line (UserError).
+
+    Args:
+        executor: None (no sharding), ``local`` or ``ray``.
+        workers: ≥ 1 if given; only with an executor.
+        address: only with ``ray``.
+        retries: ≥ 0.
+    """
+    if executor is None:
+        if workers is not None or address is not None:
+            raise UserError("--workers and --address apply to a sharded run: add --executor local or --executor ray")
+        return
+    if executor not in EXECUTORS:
+        raise UserError(f"executor must be one of {', '.join(EXECUTORS)} (got {executor!r})")
+    if workers is not None and workers < 1:
+        raise UserError(f"workers must be ≥ 1 (got {workers})")
+    if address is not None and executor != "ray":
+        raise UserError("--address applies to --executor ray only")
+    if retries < 0:
+        raise UserError(f"retries must be ≥ 0 (got {retries})")
+
+
+def shard_names(exp, config) -> list[str]:
+    """The shard names of a resolved config, checked (UserError when the experiment declares no shards).
+
+    Args:
+        exp: the experiment; config: its resolved config.
+    Raises:
+        UserError: the experiment has no shards.
+        ValueError: names that repeat, are empty or are not file-safe (a bug of the experiment).
+    """
+    if not getattr(exp, "sharded", False):
+        raise UserError(f"{exp.id} declares no shards: run it without --executor (or sweep a grid with iclab sweep)")
+    names = list(exp.shards(config))
+    if not names:
+        raise ValueError(f"{exp.id}: shards(config) returned no shard")
+    bad = [n for n in names if not isinstance(n, str) or not SHARD_NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"{exp.id}: shard names must be letters, digits, '_', '.', '=' or '-' (got {bad[:3]})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{exp.id}: shard names repeat")
+    return names
+
+
+class ShardCache:
+    """The finished shards of one run: ``<name>.npz`` and its sidecar ``<name>.json`` (size, SHA-256,
+    wall time, host), each written to a temporary name and renamed; the sidecar is written last, so a
+    shard without one is unfinished.
+
+    Args:
+        folder: the cache folder (created on the first save).
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+
+    def _paths(self, name: str) -> tuple[Path, Path]:
+        return self.folder / f"{name}.npz", self.folder / f"{name}.json"
+
+    def load(self, name: str) -> tuple[dict, dict] | None:
+        """(arrays, sidecar) of a cached shard, or None when it is absent or fails its check (then both
+        files are removed, and the shard is computed again)."""
+        npz, side = self._paths(name)
+        if not side.is_file():
+            return None
+        try:
+            meta = json.loads(side.read_text())
+            if npz.stat().st_size != meta["size"] or _sha256(npz) != meta["sha256"]:
+                raise ValueError("differs from its recorded size or SHA-256")
+            with np.load(npz) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as err:
+            print(f"warning: the cached shard {name} is damaged ({type(err).__name__}: {err}): computing it again",
+                  file=sys.stderr)
+            npz.unlink(missing_ok=True)
+            side.unlink(missing_ok=True)
+            return None
+        return arrays, meta
+
+    def save(self, name: str, arrays: dict, meta: dict) -> None:
+        """Writes a finished shard (atomically: temporary names, then rename; the sidecar last)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        npz, side = self._paths(name)
+        tag = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp_npz, tmp_side = npz.with_name(npz.name + tag), side.with_name(side.name + tag)
+        try:
+            with open(tmp_npz, "wb") as f:
+                np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+            os.replace(tmp_npz, npz)
+            tmp_side.write_text(json.dumps(dict(meta, size=npz.stat().st_size, sha256=_sha256(npz)), indent=1))
+            os.replace(tmp_side, side)
+        finally:
+            tmp_npz.unlink(missing_ok=True)
+            tmp_side.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_dir: str | None = None,
+                  checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
+                  driver_host: str | None = None, threads: int | None = None,
+                  reporter: Reporter | None = None) -> dict:
+    """One shard on a worker (local pool, Ray task, or this process): rebuilds the config from its resolved
+    JSON, checks its hash, runs ``exp.run_shard`` with its engine loops checkpointed in ``running_dir``.
+
+    Args:
+        exp_id: the experiment's id or ``path.py:NAME``; resolved, digest: the run's config and hash.
+        name: the shard.
+        running_dir: the shard's checkpoint folder (None: none); removed on a worker of another host than
+            the driver once the shard is done.
+        checkpoint_every, checkpoint_seconds: the checkpoint interval.
+        driver_host: the driver's host name.
+        threads: the threads this worker computes with (None: as set).
+        reporter: progress reporter (only in the driver's process; None: silent).
+    Returns:
+        {"status": "done", "arrays", "wall_s", "host", "resumed"}; or status "diverged" with "diverged" (the
+        fields of :class:`iclab.engines.Diverged`) and its finite records as "arrays".
+    """
+    import iclab  # noqa: F401  (float64 on, in a fresh worker)
+    from iclab.checkpoint import RunCheckpoints
+    from iclab.engines import Diverged
+
+    if threads is not None and os.environ.get("ICLAB_THREADS") != str(threads):
+        from iclab.threads import set_threads
+
+        set_threads(threads)
+    exp = experiment_or_error(exp_id)
+    config = exp.config.model_validate(resolved)
+    again = config_hash(exp.id, config.model_dump(mode="json"))
+    if again != digest:
+        raise RuntimeError(f"config of {exp_id} does not round-trip on the worker (hash {again} != {digest})")
+    checkpoints = None
+    if running_dir is not None:
+        try:
+            Path(running_dir).parent.mkdir(parents=True, exist_ok=True)
+            checkpoints = RunCheckpoints(running_dir, checkpoint_every, checkpoint_seconds)
+        except OSError:  # no such results root on this node: run without checkpoints
+            running_dir = None
+    start = time.perf_counter()
+    out = {"host": socket.gethostname()}
+    try:
+        try:
+            arrays = exp.run_shard(config, name, RunReporter(reporter or Reporter(), checkpoints))
+        except Exception:
+            if running_dir is not None:  # checkpoints of a failing shard may come from a bug: start afresh
+                shutil.rmtree(running_dir, ignore_errors=True)
+            raise
+    except Diverged as div:  # not picklable as it is: its fields travel as a dict
+        from iclab.launch import _flat_arrays
+
+        out.update(status="diverged", arrays=_flat_arrays(div.records), diverged={
+            "label": div.label, "step": div.step, "t": div.t, "last_finite_step": div.last_finite_step,
+            "last_finite_t": div.last_finite_t, "last_finite_loss": div.last_finite_loss})
+    else:
+        out.update(status="done", arrays={k: np.asarray(v) for k, v in arrays.items()})
+    out["wall_s"] = time.perf_counter() - start
+    out["resumed"] = [f"shard {name}: {e}" for e in (checkpoints.events if checkpoints is not None else [])]
+    if running_dir is not None and driver_host is not None and driver_host != socket.gethostname():
+        shutil.rmtree(running_dir, ignore_errors=True)
+    return out
+
+
+def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local", address: str | None = None,
+               workers: int | None = None, retries: int = 2, threads: int | None = None,
+               checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
+               reporter: Reporter | None = None, info: dict | None = None) -> dict:
+    """Computes (or reuses from the cache) every shard of a run and assembles the figure's arrays.
+
+    Called by :func:`iclab.launch.run_experiment` holding the run's lock (see the module docstring).
+
+    Args:
+        exp, config, digest: the experiment, its resolved config and config hash.
+        store: the result store (the cache is in the run's in-progress folder).
+        executor, address, workers, retries, threads: as in :func:`iclab.sweep.run_sweep`.
+        checkpoint_every, checkpoint_seconds: the shards' checkpoint interval.
+        reporter: progress reporter (None: silent); one task counts the shards.
+        info: filled with {"executor", "shards", "computed", "reused", "resumed"} (None: not recorded).
+    Returns:
+        The assembled arrays (``exp.assemble``).
+    Raises:
+        iclab.engines.Diverged: a shard diverged (its finite records, its task named after the shard).
+        ShardFailed: a shard raised (the other shards finished so far stay cached).
+    """
+    from iclab.engines import Diverged
+    from iclab.sweep import _Crash, make_executor
+
+    names = shard_names(exp, config)
+    resolved = config.model_dump(mode="json")
+    running = store.running_dir(exp.id, digest).resolve()
+    cache = ShardCache(running / "shards")
+    parts: dict[str, dict] = {}
+    for name in names:
+        hit = cache.load(name)
+        if hit is not None:
+            parts[name] = hit[0]
+    reused = len(parts)
+    todo = [n for n in names if n not in parts]
+    info = {} if info is None else info
+    info.update(executor=executor, shards=len(names), computed=0, reused=reused, resumed=[])
+    host = socket.gethostname()
+    with task(reporter, f"shards of {exp.id} ({executor})", len(names)) as cb:
+        cb(len(parts), {})
+        if todo:
+            # A shard computed in this process reports nothing: its tasks would nest inside the shards' bar.
+            ex = make_executor(executor, len(todo), address=address, workers=workers, retries=retries,
+                               threads=threads, fn=compute_shard)
+            attempts: dict[str, int] = defaultdict(int)
+            inflight: dict = {}
+            cancel = True
+            try:
+                while todo or inflight:
+                    while todo and len(inflight) < ex.capacity:
+                        name = todo.pop(0)
+                        attempts[name] += 1
+                        args = (experiment_ref(exp), resolved, digest, name, str(running / "checkpoints" / name),
+                                checkpoint_every, checkpoint_seconds, host)
+                        inflight[ex.submit(args)] = name
+                    for handle, out, err in ex.wait(list(inflight), timeout=0.5):
+                        name = inflight.pop(handle)
+                        if isinstance(err, _Crash) and executor == "local" and attempts[name] <= retries:
+                            todo.insert(0, name)  # resumes from its checkpoints
+                            continue
+                        if err is not None:
+                            text = " ".join(str(err).split())
+                            raise ShardFailed(f"shard {name} of {exp.id} failed: {type(err).__name__}: {text}") from err
+                        info["resumed"] += out.get("resumed", [])
+                        if out["status"] == "diverged":
+                            d = out["diverged"]
+                            raise Diverged(f"shard {name}: {d['label']}", d["step"], d["t"], d["last_finite_step"],
+                                           d["last_finite_t"], d["last_finite_loss"], out["arrays"])
+                        cache.save(name, out["arrays"], {"shard": name, "experiment": exp.id, "config_hash": digest,
+                                                         "wall_s": out["wall_s"], "host": out["host"]})
+                        shutil.rmtree(running / "checkpoints" / name, ignore_errors=True)
+                        parts[name] = out["arrays"]
+                        info["computed"] += 1
+                        cb(len(parts), {})
+                cancel = False
+            finally:
+                ex.close(cancel=cancel)
+    return exp.assemble(config, {name: parts[name] for name in names}, reporter)
