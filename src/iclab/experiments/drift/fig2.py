@@ -281,7 +281,7 @@ register(
             "optimum after 200 steps, failing 'deeper no worse' by non-convergence, not by depth; at 2e-2 every probed "
             "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
         ],
-        runtime={"quick": "17 s on the idle 2-core machine (58 s on a slower one)",
+        runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
                  "paper": "not run to the end: ≈ 4.6 h on the idle 2-core machine. Measured there (forward + "
                           "backward at batch 5000, float32): 2.5 s per step for the five 2-layer models and 5.5 s for "
                           "the five 3-layer ones (the recurrent form is no faster: 2.3 / 4.9 s), so ≈ 8.3 s per Adam "

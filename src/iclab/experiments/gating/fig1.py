@@ -470,7 +470,7 @@ register(
                       "record_every": 100},
             "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
-        runtime={"quick": "37 s on the idle 2-core machine (109 s on a slower one)", "paper": "not run to the end: ≈ 1.5-2 days on 2 cores (measured under load 3 with nbar_layout = "
+        runtime={"quick": "93-103 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15): over the 60 s quick budget; 52 s of it is XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s", "paper": "not run to the end: ≈ 1.5-2 days on 2 cores (measured under load 3 with nbar_layout = "
                  "padded: 7 min of setup and compilation, then 15 s per Adam step for the 6630 jointly trained "
                  "models (13 kinds × panels, 51 n̄, 10 seeds), × 10 000 steps; plus evaluation); a GPU job"},
         run=run_fig1,

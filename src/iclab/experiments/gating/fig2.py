@@ -196,7 +196,7 @@ register(
                       "seeds": 2, "n_eval": 4096, "record_every": 100},
             "paper": {"seeds": 10, "nbar_layout": "padded"},
         },
-        runtime={"quick": "18 s on the idle 2-core machine (base seed 0, 4/4; 54-55 s on a slower machine at base seeds 0 and 1, both 4/4)",
+        runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
                  "paper": "not run: by gating.fig1's measured paper cost (15 s per step for 6630 one-layer "
                  "models) about a day on 2 cores (1530 models of 1-3 layers, 10 000 steps); a GPU job"},
         run=run_fig2,
