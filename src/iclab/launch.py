@@ -430,6 +430,30 @@ def compute(exp, config, *, running_dir: str | os.PathLike | None = None, checkp
     return payload
 
 
+def worker_config(exp_id: str, resolved: dict, digest: str, threads: int | None = None):
+    """A worker's (experiment, config): sets its threads, rebuilds the config from the driver's resolved JSON
+    and checks that it hashes as the driver's (RuntimeError otherwise).
+
+    Args:
+        exp_id: the experiment's id or ``path.py:NAME``; resolved, digest: its config and hash.
+        threads: the threads this worker computes with (:func:`iclab.threads.set_threads`; None: as set).
+    Returns:
+        (Experiment, config).
+    """
+    import iclab  # noqa: F401  (float64 on, in a fresh worker)
+
+    if threads is not None and os.environ.get("ICLAB_THREADS") != str(threads):
+        from iclab.threads import set_threads
+
+        set_threads(threads)
+    exp = experiment_or_error(exp_id)
+    config = exp.config.model_validate(resolved)
+    again = config_hash(exp.id, config.model_dump(mode="json"))
+    if again != digest:
+        raise RuntimeError(f"config of {exp_id} does not round-trip on the worker (hash {again} != {digest})")
+    return exp, config
+
+
 def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | None = None,
                   checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
                   driver_host: str | None = None, threads: int | None = None) -> dict:
@@ -447,18 +471,7 @@ def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | N
     Returns:
         The payload of :func:`compute`.
     """
-    import iclab  # noqa: F401  (float64 on, in a fresh worker)
-
-    if threads is not None and os.environ.get("ICLAB_THREADS") != str(threads):
-        from iclab.threads import set_threads
-
-        set_threads(threads)
-
-    exp = experiment_or_error(exp_id)
-    config = exp.config.model_validate(resolved)
-    again = config_hash(exp.id, config.model_dump(mode="json"))
-    if again != digest:
-        raise RuntimeError(f"config of {exp_id} does not round-trip on the worker (hash {again} != {digest})")
+    exp, config = worker_config(exp_id, resolved, digest, threads)
     if running_dir is not None:
         try:
             Path(running_dir).parent.mkdir(parents=True, exist_ok=True)

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from iclab.launch import UserError, experiment_or_error, experiment_ref
+from iclab.launch import UserError, experiment_ref, worker_config
 from iclab.progress import Reporter, RunReporter, task
-from iclab.store import Store, config_hash
+from iclab.store import Store
 
 __all__ = ["EXECUTORS", "ShardCache", "ShardFailed", "check_options", "compute_shard", "run_shards", "shard_names"]
 
@@ -178,19 +178,10 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
         {"status": "done", "arrays", "wall_s", "host", "resumed"}; or status "diverged" with "diverged" (the
         fields of :class:`iclab.engines.Diverged`) and its finite records as "arrays".
     """
-    import iclab  # noqa: F401  (float64 on, in a fresh worker)
     from iclab.checkpoint import RunCheckpoints
     from iclab.engines import Diverged
 
-    if threads is not None and os.environ.get("ICLAB_THREADS") != str(threads):
-        from iclab.threads import set_threads
-
-        set_threads(threads)
-    exp = experiment_or_error(exp_id)
-    config = exp.config.model_validate(resolved)
-    again = config_hash(exp.id, config.model_dump(mode="json"))
-    if again != digest:
-        raise RuntimeError(f"config of {exp_id} does not round-trip on the worker (hash {again} != {digest})")
+    exp, config = worker_config(exp_id, resolved, digest, threads)
     checkpoints = None
     if running_dir is not None:
         try:
