@@ -43,11 +43,12 @@ def jax_cache(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def fig1_twin(tmp_path_factory, fig1_small, jax_cache):
     """The results root of linattn.fig1 at FIG1_SMALL over w_init = 1e-6, 1e-4, computed once,
-    uninterrupted, without checkpoints, by the local executor."""
+    uninterrupted, without checkpoints, by the local executor, on one thread: its bit-for-bit twins must
+    compute on as many threads (XLA's reductions are split by thread count; 2 threads differ by an ulp)."""
     root = tmp_path_factory.mktemp("fig1-twin")
     r = subprocess.run([sys.executable, "-m", "iclab.cli", "sweep", "linattn.fig1", "--grid", "w_init=1e-6,1e-4",
                         *fig1_small, "--workers", "1", "--checkpoint-every", "0", "--json", "--out", str(root)],
-                       capture_output=True, text=True, env=dict(os.environ, **jax_cache), timeout=600)
+                       capture_output=True, text=True, env=dict(os.environ, **jax_cache, ICLAB_THREADS="1"), timeout=600)
     assert r.returncode in (0, 1), r.stderr
     assert [p["status"] for p in json.loads(r.stdout)["points"]] == ["done", "done"]
     return root

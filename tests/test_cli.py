@@ -5,7 +5,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -86,10 +85,9 @@ def test_unknown_experiment_and_unknown_option(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # 61 s on 2 cores (three CLI processes); test_failing_check_exits_non_zero keeps a CLI run fast
 def test_run_quick_end_to_end_then_reuse_then_force(tmp_path):
-    t0 = time.perf_counter()
     r = iclab("run", "linattn.fig1", "--preset", "quick", "--json", root=tmp_path)
-    first_wall = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["passed"] and not res["reused"] and len(res["checks"]) >= 7
@@ -107,7 +105,6 @@ def test_run_quick_end_to_end_then_reuse_then_force(tmp_path):
     rows = sqlite3.connect(tmp_path / "index.sqlite").execute(
         "SELECT experiment, status, checks_passed, checks_total FROM runs ORDER BY id").fetchall()
     assert len(rows) == 2 and all(r[0] == "linattn.fig1" and r[1] == "done" and r[2] == r[3] for r in rows)
-    assert first_wall < 120
 
 
 def test_failing_check_exits_non_zero(tmp_path):

@@ -33,7 +33,8 @@ def _env(jax_cache):
 
 
 def env_for(root, **extra):
-    return dict(os.environ, **ENV, ICLAB_RESULTS=str(root), **extra)
+    # one thread, as fig1_twin computes (bit-for-bit comparisons need the same thread count)
+    return dict(os.environ, **ENV, ICLAB_RESULTS=str(root), ICLAB_THREADS="1", **extra)
 
 
 def iclab(*args, root, timeout=300, **extra):

@@ -18,10 +18,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 
+@pytest.mark.slow  # a Ray head (40 s to start) and a killed worker: about 66 s on 2 cores
 def test_sweep_on_ray_equals_the_local_executor_and_survives_a_dead_worker(ray_cluster, fig1_twin, fig1_small,
                                                                             tmp_path):
     cluster = ray_cluster
-    env = dict(cluster["env"], ICLAB_RESULTS=str(tmp_path), ICLAB_CHECKPOINT_EVERY="1")
+    env = dict(cluster["env"], ICLAB_RESULTS=str(tmp_path), ICLAB_CHECKPOINT_EVERY="1", ICLAB_THREADS="1")  # as fig1_twin
     sweep = subprocess.Popen([sys.executable, "-m", "iclab.cli", "sweep", "linattn.fig1", "--grid", "w_init=1e-6,1e-4",
                               *fig1_small, "--executor", "ray", "--address", "auto", "--workers", "2", "--json"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

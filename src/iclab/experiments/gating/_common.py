@@ -465,10 +465,11 @@ def evaluate(config: TrainConfig, kinds: dict[str, Kind], params: dict, panels, 
         done = 0
         for s in range(S):
             for i in range(len(panels)):
+                # keyed by (kind, restart within the panel): panels with the same models share one compiled chunk
                 pp = {}
                 for name, kind in kinds.items():
-                    for j in (j for j, ii in enumerate(kind.panels) if ii == i):
-                        pp[f"{name}#{j}"] = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s, j]), params[name])
+                    for r, j in enumerate(j for j, ii in enumerate(kind.panels) if ii == i):
+                        pp[f"{name}#{r}"] = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s, j]), params[name])
                 ref_P = {c: jnp.asarray(refs[f"P_{c}"][i]) for c in classes}
                 ref_w = {c: jnp.asarray(refs[f"omega_{c}"][i]) for c in classes}
                 acc = {}
@@ -490,8 +491,9 @@ def evaluate(config: TrainConfig, kinds: dict[str, Kind], params: dict, panels, 
             out[f"{key}_{name}"] = np.full((S * R, len(panels), G), np.nan)
         for s in range(S):
             for j, i in enumerate(idx):
-                row = s * R + idx[:j].count(i)
-                cv = control_variate_risk(sums[(s, i)][f"{name}#{j}"], sums[(s, i)]["ref_" + kind.ref],
+                r = idx[:j].count(i)
+                row = s * R + r
+                cv = control_variate_risk(sums[(s, i)][f"{name}#{r}"], sums[(s, i)]["ref_" + kind.ref],
                                           refs[f"E_{kind.ref}"][i])
                 out[f"risk_{name}"][row, i] = cv["risk"] / d
                 out[f"se_{name}"][row, i] = cv["risk_se"] / d
