@@ -468,11 +468,14 @@ register(
             "quick": {"d": 5, "p": 5, "n_bars": [0, 2, 5, 10], "vector_panels": ["d"], "restarts": 3, "steps": 1000,
                       "lr": 0.01, "lr_schedule": "cosine", "seeds": 2, "n_eval": 4096, "restricted_steps": 800,
                       "record_every": 100},
-            "paper": {"seeds": 10, "nbar_layout": "padded"},
+            "paper": {"seeds": 10},
         },
-        runtime={"quick": "93-103 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15): over the 60 s quick budget; 52 s of it is XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s", "paper": "not run to the end: ≈ 1.5-2 days on 2 cores (measured under load 3 with nbar_layout = "
-                 "padded: 7 min of setup and compilation, then 15 s per Adam step for the 6630 jointly trained "
-                 "models (13 kinds × panels, 51 n̄, 10 seeds), × 10 000 steps; plus evaluation); a GPU job"},
+        runtime={"quick": "93-110 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15; the last, 109.5 s, after the evaluation's compilations were cut from 4 to 2): over the 60 s quick budget; 52 s of it is XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s",
+                 "paper": "not run to the end: ≈ 6.5 h of joint training on the idle 2-core machine, plus evaluation "
+                          "(measured 25 Nov 2026 from 10- and 30-step runs: 2.32 s per Adam step for the 1300 jointly "
+                          "trained models — 13 kind × panel pairs, 10 n̄, 10 seeds — in the separate n̄ layout, after "
+                          "52 s of setup and compilation; 7.57 s per step in the padded layout, 3.3× slower); "
+                          "20 shards (panel × 2 n̄) for --executor ray"},
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
