@@ -162,7 +162,8 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "(arithmetic G·T(n̄_max), one small graph); both give the same models", paper=None,
         paper_note="implementation choice: 'separate' in both presets; on the 10-value paper grid it trains "
         "gating.fig1's 1300 models at 2.32 s per Adam step against 7.57 s padded (measured on the idle 2-core "
-        "machine, 25 Nov 2026); 'padded' compiles faster for grids of tens of n̄ values")
+        "machine, 25 Nov 2026); 'padded' traces one graph whatever the grid's length (its compile time against "
+        "'separate' on long grids was not measured)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",

@@ -470,7 +470,7 @@ register(
                       "record_every": 100},
             "paper": {"seeds": 10},
         },
-        runtime={"quick": "93-110 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15; the last, 109.5 s, after the evaluation's compilations were cut from 4 to 2): over the 60 s quick budget; 52 s of it is XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s",
+        runtime={"quick": "93-110 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15; the last, 109.5 s, after the evaluation's compilations were cut from 4 to 2): over the 60 s quick budget; in the 93-103 s runs 52 s of it was XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s",
                  "paper": "not run to the end: ≈ 6.5 h of joint training on the idle 2-core machine, plus evaluation "
                           "(measured 25 Nov 2026 from 10- and 30-step runs: 2.32 s per Adam step for the 1300 jointly "
                           "trained models — 13 kind × panel pairs, 10 n̄, 10 seeds — in the separate n̄ layout, after "
