@@ -178,3 +178,20 @@ def test_a_model_trained_alone_follows_its_trajectory_in_the_grid():
     assert not np.allclose(grid["g"]["WQ"][:, 1, 1], grid["g"]["WQ"][:, 1, 0])  # members differ: not vacuous
     _, moved = _common.train_groups(config, gammas[1:], {"g": _common.Group(lams[1:, 1:2], ids=np.array([[5]]))})
     assert not np.allclose(moved["g"]["WQ"][:, 0, 0], grid["g"]["WQ"][:, 1, 1], rtol=1e-3)  # the id fixes the init
+
+
+@pytest.mark.slow  # 23 s: two compiled training loops
+def test_native_readout_trains_as_the_xla_readout():
+    """The compiled read-out kernel (readout_kernel = native) against XLA's gla_readout in a whole training run,
+    in float64: two seeds, AdamW, a learnt λ beside fixed ones: the same weights and λ to rounding."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64"})
+    gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
+    learn = np.array([[False, True, False]] * 2)
+    runs = {kernel: _common.train_groups(config.model_copy(update={"readout_kernel": kernel}), gammas,
+                                         {"g": _common.Group(lams, learn=learn)})
+            for kernel in ("xla", "native")}
+    (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
+    np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
+    for k in p_x["g"]:
+        np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
+    assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous

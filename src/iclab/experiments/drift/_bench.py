@@ -28,8 +28,10 @@ So fig1 needs 90 · 2(4TD + 4D²) ≈ 8.9·10⁵ flops per prompt (4.4 GFLOP per
 (≈ 10⁷ Gaussian draws per step, the AR(1) scan and y = ⟨w, x⟩) and AdamW are not counted in the floor;
 their time is reported apart. Reported beside it: XLA's flop count of the compiled loss-and-gradient, the achieved GFLOP/s (floor over
 the measured loss-and-gradient time, and over the whole step), and a float32 matmul's GFLOP/s measured in
-the same run. fig2's full layers are timed in each form of ``models.gla_forget.predict_multilayer``
-(losses and gradients compared with the parallel form).
+the same run. fig1's models are timed with each read-out kernel (XLA's ``gla_forget.gla_readout`` and the
+compiled ``gla_forget_native.readout_grid``), fig2's full layers in each form of
+``models.gla_forget.predict_multilayer`` (losses and gradients compared with the first); the step loop uses
+the paper preset's read-out kernel (native) and fig2's first form.
 """
 
 from __future__ import annotations
@@ -110,8 +112,12 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
         params[name] = jax.tree_util.tree_map(lambda a, s=lams.shape: a.reshape(s + a.shape[1:]), p)
 
     def loss_fn(form):
+        # fig1: ``form`` is the read-out kernel; fig2: the full layers' form, its one-layer models read out by
+        # the preset's kernel
+        kw = {"readout": form} if which == "fig1" else {"form": form, "readout": config.readout_kernel}
+
         def loss(p, batch):
-            return sum(jnp.sum(_common._group_mse(layers, form)(p[name], batch, {"lam": jnp.asarray(lams, dt)}))
+            return sum(jnp.sum(_common._group_mse(layers, **kw)(p[name], batch, {"lam": jnp.asarray(lams, dt)}))
                        for name, (lams, layers) in groups.items())
         return loss
 
@@ -131,11 +137,13 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
                   for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(ref[1])))
         s = _timed(vg, params, batch0)
         out["forms"][form] = {"loss_grad_s": s, "achieved_gflops": floor / s / 1e9,
-                              "xla_flops_loss_grad": compiled_flops(jax.value_and_grad(loss_fn(form)), params, batch0),
+                              # a native kernel runs outside XLA: its count would omit the kernel
+                              "xla_flops_loss_grad": None if form == "native" else compiled_flops(
+                                  jax.value_and_grad(loss_fn(form)), params, batch0),
                               "loss_rel_diff": float(abs(value - ref[0]) / abs(ref[0])), "grad_max_rel_diff": rel}
     # the whole step, in the experiments' form: sample, loss and gradient, AdamW, as a jitted loop
     opt = optax.chain(config.transformation(), optax.scale(-config.lr))
-    loss = loss_fn(forms[0])
+    loss = loss_fn(config.readout_kernel if which == "fig1" else forms[0])
 
     @functools.partial(jax.jit, static_argnums=2)
     def run(p, key, n):
@@ -158,19 +166,22 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     return out
 
 
-def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "chunked")) -> dict:
+def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "chunked"),
+                fig1_readouts: tuple[str, ...] = ("xla", "native")) -> dict:
     """Roofline of drift.fig1's and drift.fig2's paper training steps (module docstring).
 
     Args:
         steps: steps per timed loop.
         batch: prompts per step (None: the paper's 5000; smaller only to test the benchmark).
         fig2_forms: forms of fig2's full layers, timed side by side (the first is the one timed in the loop).
+        fig1_readouts: read-out kernels of fig1's models (``TrainConfig.readout_kernel``), timed side by side and
+            compared with the first; the loop uses the paper preset's.
     Returns:
         JSON-able dict: per setting the floor flops, sampling / loss-and-gradient / step seconds, achieved GFLOP/s
         and their fraction of the matmul peak, XLA's counts, the forms' agreement; the peak; load and device.
     """
     load_before = os.getloadavg()
-    out = {"fig1": _setting("fig1", batch, steps, ("readout",)),
+    out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_readouts)),
            "fig2": _setting("fig2", batch, steps, tuple(fig2_forms))}
     peak = matmul_peak_gflops()
     for entry in out.values():

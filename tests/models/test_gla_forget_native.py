@@ -1,0 +1,106 @@
+"""The compiled read-out kernel of a grid of one-layer GLA models (gla_forget_native.readout_grid) against its
+naive twin, gla_forget.gla_readout vmapped over the grid: predictions and gradients with respect to every weight
+and λ, in float64 (to rounding) and float32 (to float32 rounding), under jit and vmap, at block-boundary batch
+sizes; and its result does not depend on the number of threads."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import iclab  # noqa: F401  (float64)
+from iclab.models import gla_forget as gla
+from iclab.models import gla_forget_native as native
+from iclab.tasks.drift import sample_drift_prompts, tokens
+
+#: One token width for every test: the kernel compiles once per (width, dtype), a few seconds each.
+D = 5
+
+
+def _grid(kind, G, K, d, dtype, key=0):
+    keys = jax.random.split(jax.random.PRNGKey(key), G * K)
+    P = jax.vmap(lambda k: gla.init_gla(k, d, kind, 0.4, dtype=dtype))(keys)
+    return jax.tree_util.tree_map(lambda a: a.reshape((G, K) + a.shape[1:]), P)
+
+
+def _prompts(G, B, d, n, dtype, key=1):
+    Lam = jnp.diag(jnp.linspace(1.5, 0.5, d))
+    pr = sample_drift_prompts(jax.random.PRNGKey(key), B, gamma=jnp.linspace(0.8, 0.95, G), sigma_w2=1.0,
+                              sigma_e2=0.05, n=n, Lam=Lam)
+    return tokens(pr).astype(dtype), pr.target.astype(dtype)  # (G, B, T, d+1), (G, B)
+
+
+def _loss_naive(P, lam, Z, y):
+    yhat = jax.vmap(lambda p, Zg, lg: jax.vmap(lambda q, l: gla.gla_readout(q, Zg, l))(p, lg))(P, Z, lam)
+    return jnp.sum(jnp.mean((yhat - y[:, None]) ** 2, -1) * jnp.arange(1, yhat.shape[1] + 1))
+
+
+def _loss_native(P, lam, Z, y):
+    WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(P)
+    c = jnp.einsum("gbe,gkfe->gkbf", Z[:, :, -1, :], WKQ)
+    yhat = native.readout_grid(Z, WV[..., -1, :], c, lam)
+    return jnp.sum(jnp.mean((yhat - y[:, None]) ** 2, -1) * jnp.arange(1, yhat.shape[1] + 1))
+
+
+def _rel(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.mark.parametrize("kind,B", [("qkv", native.CHUNK + 3), ("merged", 5), ("restricted", 2 * native.CHUNK)])
+def test_readout_grid_equals_the_naive_readout_with_gradients(kind, B):
+    G, K, d, n = 2, 3, D - 1, 9
+    P = _grid(kind, G, K, d, jnp.float64)
+    lam = jnp.array([[0.6, 0.9, 1.0], [0.75, 0.3, 0.95]])
+    Z, y = _prompts(G, B, d, n, jnp.float64)
+    if kind == "restricted":  # fill the query's label slot, as a residual stream does, so its own term counts
+        Z = Z.at[:, :, -1, -1].set(0.7)
+    ref = jax.jit(jax.value_and_grad(_loss_naive, argnums=(0, 1)))(P, lam, Z, y)
+    out = jax.jit(jax.value_and_grad(_loss_native, argnums=(0, 1)))(P, lam, Z, y)
+    assert abs(float(out[0] - ref[0])) <= 1e-12 * abs(float(ref[0]))
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        assert a.shape == b.shape and _rel(a, b) < 1e-11
+
+
+@pytest.mark.slow  # a second compilation of the kernel (float32), ~15 s
+def test_readout_grid_in_float32_is_the_float64_result_to_float32_rounding():
+    G, K, d, n, B = 2, 2, D - 1, 40, 100
+    P = _grid("qkv", G, K, d, jnp.float64)
+    lam = jnp.array([[0.7, 0.97], [0.85, 1.0]])
+    Z, y = _prompts(G, B, d, n, jnp.float64)
+    v64, g64 = jax.value_and_grad(_loss_native, argnums=(0, 1))(P, lam, Z, y)
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    v32, g32 = jax.value_and_grad(_loss_native, argnums=(0, 1))(jax.tree_util.tree_map(f32, P), f32(lam), f32(Z), f32(y))
+    assert v32.dtype == jnp.float32
+    assert abs(float(v32) - float(v64)) < 1e-5 * abs(float(v64))
+    for a, b in zip(jax.tree_util.tree_leaves(g32), jax.tree_util.tree_leaves(g64)):
+        assert a.dtype == jnp.float32 and _rel(a.astype(jnp.float64), b) < 1e-4
+
+
+@pytest.mark.slow  # 8 s of compilation; the trainer's vmap over seeds is also covered by test_drift_fig1's slow test
+def test_readout_grid_under_vmap_is_the_grid_of_each_seed():
+    S, G, K, d, n, B = 3, 1, 2, D - 1, 7, 10
+    P = jax.vmap(lambda s: _grid("qkv", G, K, d, jnp.float64, key=s))(jnp.arange(S))
+    lam = jnp.array([[0.8, 0.95]])
+    Z, y = _prompts(G, B, d, n, jnp.float64)
+    batched = jax.jit(jax.vmap(jax.grad(_loss_native), in_axes=(0, None, None, None)))(P, lam, Z, y)
+    for s in range(S):
+        one = jax.jit(jax.grad(_loss_naive))(jax.tree_util.tree_map(lambda a: a[s], P), lam, Z, y)
+        for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(one)):
+            assert _rel(a[s], b) < 1e-11
+
+
+def test_readout_grid_does_not_depend_on_the_thread_count(monkeypatch):
+    """Every output is summed by one thread in a fixed order: 1, 2 and 3 threads give the same bits."""
+    rng = np.random.default_rng(0)
+    G, K, B, T = 2, 3, 3 * native.CHUNK + 1, 21
+    Z, u, c = rng.standard_normal((G, B, T, D)), rng.standard_normal((G, K, D)), rng.standard_normal((G, K, B, D))
+    lam = rng.uniform(0.3, 1.0, (G, K))
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        outs.append(native._host_forward(Z, u, c, lam))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
