@@ -182,12 +182,12 @@ def test_a_model_trained_alone_follows_its_trajectory_in_the_grid():
 
 @pytest.mark.slow  # 23 s: two compiled training loops
 def test_native_readout_trains_as_the_xla_readout():
-    """The compiled read-out kernel (readout_kernel = native) against XLA's gla_readout in a whole training run,
+    """The compiled read-out kernel (kernel = native) against XLA's gla_readout in a whole training run,
     in float64: two seeds, AdamW, a learnt λ beside fixed ones: the same weights and λ to rounding."""
     config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64"})
     gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
     learn = np.array([[False, True, False]] * 2)
-    runs = {kernel: _common.train_groups(config.model_copy(update={"readout_kernel": kernel}), gammas,
+    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas,
                                          {"g": _common.Group(lams, learn=learn)})
             for kernel in ("xla", "native")}
     (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]

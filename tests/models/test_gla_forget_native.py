@@ -104,3 +104,61 @@ def test_readout_grid_does_not_depend_on_the_thread_count(monkeypatch):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Full layers: the compiled recurrent form against the parallel form
+
+
+def _layer_loss(form, R):
+    def loss(params, Z, lam):
+        O = gla.gla_layer(params, Z, lam, form)
+        return jnp.sum(O * R) + 0.1 * jnp.sum(O ** 2)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+@pytest.mark.parametrize("kind,B,lam", [("qkv", native.CHUNK + 5, 0.85), ("merged", 3, 1.0), ("qkv", 2, 0.3)])
+def test_native_layer_equals_the_parallel_form_with_gradients(kind, B, lam):
+    """Outputs and the gradients of every weight, the tokens and λ (the hand-written backward pass)."""
+    T = 9
+    params = gla.init_gla(jax.random.PRNGKey(3), D - 1, kind, 0.4)
+    Z = jax.random.normal(jax.random.PRNGKey(4), (B, T, D))
+    R = jax.random.normal(jax.random.PRNGKey(5), (B, T, D))
+    ref = _layer_loss("parallel", R)(params, Z, lam)
+    out = _layer_loss("native", R)(params, Z, lam)
+    assert abs(float(out[0] - ref[0])) <= 1e-12 * abs(float(ref[0]))
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        assert a.shape == b.shape and _rel(a, b) < 1e-11, a.shape
+
+
+def test_native_multilayer_model_equals_the_parallel_form_with_a_learnt_lambda():
+    """A 3-layer residual model (two native full layers, the read-out on the stream) with λ = sigmoid(θ): loss
+    and gradients of every layer's weights and θ, under vmap over models."""
+    layers = jax.vmap(lambda k: gla.init_gla(k, D - 1, "qkv", 0.3, layers=3, theta=1.2))(
+        jax.random.split(jax.random.PRNGKey(6), 2))
+    Z, y = _prompts(1, 11, D - 1, 7, jnp.float64)
+    Z, y = Z[0], y[0]
+
+    def loss(form):
+        return jax.jit(jax.value_and_grad(lambda L: jnp.sum(jax.vmap(
+            lambda l: jnp.mean((gla.predict_multilayer(l, Z, None, form) - y) ** 2))(L))))
+
+    (vr, gr), (vn, gn) = loss("parallel")(layers), loss("native")(layers)
+    assert abs(float(vn - vr)) <= 1e-12 * abs(float(vr))
+    for k in gr:
+        assert _rel(gn[k], gr[k]) < 1e-10, k
+    assert float(jnp.max(jnp.abs(gr["theta"]))) > 0  # λ's gradient is exercised
+
+
+def test_native_layer_backward_does_not_depend_on_the_thread_count(monkeypatch):
+    rng = np.random.default_rng(1)
+    B, T = 3 * native.CHUNK + 2, 13
+    Z, dO = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
+    W = [0.3 * rng.standard_normal((D, D)) for _ in range(3)]
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        outs.append((native._host_layer_forward(Z, *W, 0.8),) + native._host_layer_backward(Z, *W, 0.8, dO))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)

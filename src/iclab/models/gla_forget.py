@@ -21,7 +21,9 @@ so each form is written once. Equal forms (all positions):
   one-row W_V) the one value column is evaluated as o_t(d+1) = q_tᵀ (D_λ (v ⊙ K))_t, the same sum in another order;
 - scan: the recurrent form evaluated by an associative scan (log depth, O(T d²) work);
 - chunked: the parallel form inside chunks of C tokens and the recurrent state between chunks
-  (O(T C d + T d²) work, no (T, T) matrix; ``gla_chunked``).
+  (O(T C d + T d²) work, no (T, T) matrix; ``gla_chunked``);
+- native: the recurrent form as compiled CPU kernels with a hand-written backward pass
+  (:mod:`iclab.models.gla_forget_native`, numba), the fast path for training multi-layer models on a CPU.
 
 ``predict(..., form="readout")`` evaluates only ŷ, in O(T d) per prompt: ŷ = Σ_i λ^{n+1-i}
 (W_V z_i)_{d+1} (k_iᵀ q_{n+1}); it is the fast path for training one layer.
@@ -60,7 +62,7 @@ __all__ = ["PARAMETRISATIONS", "Form", "Parametrisation", "decay_weights", "deca
            "predict_multilayer", "predict_restricted", "projections", "restricted_from_optimum"]
 
 Parametrisation = Literal["qkv", "merged", "lemma2", "restricted"]
-Form = Literal["readout", "parallel", "chunked", "recurrent", "scan", "unrolled"]
+Form = Literal["readout", "parallel", "chunked", "recurrent", "scan", "unrolled", "native"]
 PARAMETRISATIONS: tuple[str, ...] = ("qkv", "merged", "lemma2", "restricted")
 
 
@@ -369,8 +371,15 @@ def gla_readout(params, Z: jax.Array, lam=None) -> jax.Array:
     return jnp.einsum("t,...t,...t->...", decay_weights(T, lam), Z @ v_row, jnp.einsum("...td,...d->...t", Z, c))
 
 
+def _native_layer(params, Z: jax.Array, lam=None) -> jax.Array:
+    """The recurrent form by compiled CPU kernels (``gla_forget_native.gla_layer``; its own custom VJP)."""
+    from iclab.models import gla_forget_native
+
+    return gla_forget_native.gla_layer(params, Z, forget_factor(params, lam))
+
+
 _LAYER_FORMS = {"parallel": gla_parallel, "chunked": gla_chunked, "recurrent": gla_recurrent, "scan": gla_scan,
-                "unrolled": gla_unrolled}
+                "unrolled": gla_unrolled, "native": _native_layer}
 
 
 def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Array:
@@ -380,7 +389,8 @@ def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Ar
         params: any parametrisation (optionally with ``theta``).
         Z: (..., T, d+1) tokens.
         lam: forget factor; None uses sigmoid(params["theta"]).
-        form: ``parallel``, ``chunked`` (16 tokens per chunk), ``recurrent``, ``scan`` or ``unrolled``; all equal.
+        form: ``parallel``, ``chunked`` (16 tokens per chunk), ``recurrent``, ``scan``, ``unrolled`` or ``native``
+            (the recurrent form in compiled CPU kernels, ``gla_forget_native``); all equal.
     Returns:
         O: (..., T, d+1).
     """
@@ -449,8 +459,8 @@ def predict_multilayer(layers, Z: jax.Array, lam, form: Form = "parallel") -> ja
             ``theta``, if any, is a scalar shared by the layers and not stacked).
         Z: (..., n+1, d+1) tokens.
         lam: shared forget factor, or None for sigmoid(layers["theta"]).
-        form: form of the full layers: ``parallel`` (quickest to compile), ``chunked``, ``scan``, ``recurrent`` or
-            ``unrolled``.
+        form: form of the full layers: ``parallel`` (quickest to compile), ``chunked``, ``scan``, ``recurrent``,
+            ``unrolled`` or ``native`` (compiled CPU kernels; the fastest at large batches).
     Returns:
         (...,) predictions.
     """

@@ -181,3 +181,235 @@ def _bwd(res, g):
 
 
 readout_grid.defvjp(_fwd, _bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# A full layer (every position): forward and backward kernels
+
+
+def _layer_source(D: int) -> str:
+    """Forward and backward kernels of one GLA layer at every position, for tokens of width D (inner loops over D
+    unrolled into scalars; the loops over prompts vectorise).
+
+    forward, per prompt, t = 0..T-1:  q, k, v = W_Q z_t, W_K z_t, W_V z_t;  S ← λS + v kᵀ;  o_t = S q.
+    backward, given the cotangents ō_t:
+      pass 1 (t ascending): S_t again; q̄_t = S_tᵀ ō_t; W̄_Q += q̄ zᵀ; z̄_t = W_Qᵀ q̄;
+      pass 2 (t descending): E_t = S̄_{t+1} + λE_{t+1} (λ̄ += vᵀ E k); S̄_t = λS̄_{t+1} + ō_t qᵀ; v̄ = S̄ k, k̄ = S̄ᵀ v;
+        W̄_K += k̄ zᵀ, W̄_V += v̄ zᵀ, z̄_t += W_Kᵀ k̄ + W_Vᵀ v̄.
+    (λ̄ = Σ_t ⟨S̄_t, S_{t-1}⟩ = Σ_i v_iᵀ E_i k_i, E_i = Σ_{t>i} λ^{t-1-i} S̄_t.) Each block of CH prompts writes its
+    own partial sums of W̄ and λ̄ (summed over blocks in order by the caller: no dependence on the thread count).
+    """
+    F = range(D)
+    zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
+    head = [
+        "    B, T, _ = Z.shape",
+        f"    zt = np.empty(({D}, CH), Z.dtype)",
+        f"    q = np.empty(({D}, CH), Z.dtype)",
+        f"    k = np.empty(({D}, CH), Z.dtype)",
+        f"    v = np.empty(({D}, CH), Z.dtype)",
+        f"    S = np.empty(({D}, {D}, CH), Z.dtype)",
+    ]
+    load_z = ["            for b in range(n):", *[f"                zt[{f}, b] = Z[b0 + b, t, {f}]" for f in F]]
+    qkv = [
+        f"            for e in range({D}):",
+        *[f"                wq{f} = WQ[e, {f}]; wk{f} = WK[e, {f}]; wv{f} = WV[e, {f}]" for f in F],
+        "                for b in range(n):",
+        *[f"                    z{f} = zt[{f}, b]" for f in F],
+        f"                    q[e, b] = {zsum('wq')}",
+        f"                    k[e, b] = {zsum('wk')}",
+        f"                    v[e, b] = {zsum('wv')}",
+    ]
+    forward = [
+        "def forward(Z, WQ, WK, WV, lam, O, first, stop):",
+        *head,
+        "    for blk in range(first, stop):",
+        "        b0 = blk * CH",
+        "        n = min(CH, Z.shape[0] - b0)",
+        "        S[:] = 0.0",
+        "        for t in range(T):",
+        *load_z, *qkv,
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        *[f"                    s{f} = lam * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}" for f in F],
+        "                    O[b0 + b, t, e] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
+    ]
+    backward = [
+        "def backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop):",
+        *head,
+        f"    E = np.empty(({D}, {D}, CH), Z.dtype)",
+        f"    gW = np.empty((3, {D}, {D}, CH), Z.dtype)",
+        f"    do = np.empty(({D}, CH), Z.dtype)",
+        f"    dq = np.empty(({D}, CH), Z.dtype)",
+        f"    dk = np.empty(({D}, CH), Z.dtype)",
+        f"    dv = np.empty(({D}, CH), Z.dtype)",
+        "    gl = np.empty(CH, Z.dtype)",
+        "    for blk in range(first, stop):",
+        "        b0 = blk * CH",
+        "        n = min(CH, Z.shape[0] - b0)",
+        "        S[:] = 0.0",
+        "        gW[:] = 0.0",
+        "        gl[:] = 0.0",
+        # pass 1: S_t forward, q̄_t = S_tᵀ ō_t
+        "        for t in range(T):",
+        *load_z, *qkv,
+        "            for b in range(n):",
+        *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
+        "            dq[:] = 0.0",
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        "                    doe = do[e, b]",
+        *[f"                    s{f} = lam * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}; dq[{f}, b] += s{f} * doe"
+          for f in F],
+        f"            for e in range({D}):",
+        "                g = gW[0, e]",
+        "                for b in range(n):",
+        "                    x = dq[e, b]",
+        *[f"                    g[{f}, b] += x * zt[{f}, b]" for f in F],
+        f"            for f in range({D}):",
+        *[f"                w{e} = WQ[{e}, f]" for e in F],
+        "                for b in range(n):",
+        "                    dZ[b0 + b, t, f] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+        # pass 2: S̄_t backward (S now holds S̄), E for λ̄
+        "        S[:] = 0.0",
+        "        E[:] = 0.0",
+        "        for t in range(T - 1, -1, -1):",
+        *load_z, *qkv,
+        "            for b in range(n):",
+        *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
+        "            dk[:] = 0.0",
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                Ee = E[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        "                    doe = do[e, b]",
+        *[f"                    x{f} = Se[{f}, b] + lam * Ee[{f}, b]; Ee[{f}, b] = x{f}" for f in F],
+        "                    gl[b] += ve * (" + " + ".join(f"x{f} * k[{f}, b]" for f in F) + ")",
+        *[f"                    s{f} = lam * Se[{f}, b] + doe * q[{f}, b]; Se[{f}, b] = s{f}; dk[{f}, b] += s{f} * ve"
+          for f in F],
+        "                    dv[e, b] = " + " + ".join(f"s{f} * k[{f}, b]" for f in F),
+        f"            for e in range({D}):",
+        "                gk = gW[1, e]",
+        "                gv = gW[2, e]",
+        "                for b in range(n):",
+        "                    xk = dk[e, b]",
+        "                    xv = dv[e, b]",
+        *[f"                    gk[{f}, b] += xk * zt[{f}, b]; gv[{f}, b] += xv * zt[{f}, b]" for f in F],
+        f"            for f in range({D}):",
+        *[f"                a{e} = WK[{e}, f]; c{e} = WV[{e}, f]" for e in F],
+        "                for b in range(n):",
+        "                    dZ[b0 + b, t, f] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
+        "        for i in range(3):",
+        f"            for e in range({D}):",
+        f"                for f in range({D}):",
+        "                    acc = 0.0",
+        "                    for b in range(n):",
+        "                        acc += gW[i, e, f, b]",
+        "                    dW[blk, i, e, f] = acc",
+        "        acc = 0.0",
+        "        for b in range(n):",
+        "            acc += gl[b]",
+        "        dlam[blk] = acc",
+    ]
+    return "\n".join(forward) + "\n\n\n" + "\n".join(backward)
+
+
+@functools.cache
+def _layer_kernels(D: int):
+    """(forward, backward) compiled for width D (on first call per dtype, a few seconds each)."""
+    import numba
+
+    namespace = {"np": np, "CH": CHUNK}
+    exec(compile(_layer_source(D), f"<iclab GLA layer kernels, D={D}>", "exec"), namespace)
+    jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
+    return jit(namespace["forward"]), jit(namespace["backward"])
+
+
+def _run_blocks(kernel, blocks: int, *args) -> None:
+    """kernel(*args, first, stop) over blocks [0, blocks), split into contiguous runs, one per thread."""
+    threads = max(1, min(thread_count(), blocks))
+    bounds = [blocks * i // threads for i in range(threads + 1)]
+    if threads == 1:
+        kernel(*args, 0, blocks)
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernels release the GIL
+        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+
+
+def _host_layer_forward(Z, WQ, WK, WV, lam):
+    dt = Z.dtype
+    Z, WQ, WK, WV = (_readonly(a, dt) for a in (Z, WQ, WK, WV))
+    B, T, D = Z.shape
+    O = np.empty_like(Z)
+    _run_blocks(_layer_kernels(D)[0], -(-B // CHUNK), Z, WQ, WK, WV, dt.type(lam), O)
+    return O
+
+
+def _host_layer_backward(Z, WQ, WK, WV, lam, dO):
+    dt = Z.dtype
+    Z, WQ, WK, WV, dO = (_readonly(a, dt) for a in (Z, WQ, WK, WV, dO))
+    B, T, D = Z.shape
+    blocks = -(-B // CHUNK)
+    dZ = np.empty_like(Z)
+    dW = np.empty((blocks, 3, D, D), dt)
+    dlam = np.empty(blocks, dt)
+    _run_blocks(_layer_kernels(D)[1], blocks, Z, WQ, WK, WV, dt.type(lam), dO, dZ, dW, dlam)
+    gW = dW.sum(axis=0)  # blocks in order
+    return dZ, gW[0], gW[1], gW[2], dlam.sum()
+
+
+@jax.custom_vjp
+def _layer(Z, WQ, WK, WV, lam):
+    dt = Z.dtype
+    return jax.pure_callback(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, dt), Z, WQ.astype(dt), WK.astype(dt),
+                             WV.astype(dt), jnp.asarray(lam, dt), vmap_method="sequential")
+
+
+def _layer_fwd(Z, WQ, WK, WV, lam):
+    return _layer(Z, WQ, WK, WV, lam), (Z, WQ, WK, WV, lam)
+
+
+def _layer_bwd(res, dO):
+    Z, WQ, WK, WV, lam = res
+    dt = Z.dtype
+    B, T, D = Z.shape
+    shapes = (jax.ShapeDtypeStruct(Z.shape, dt),) + (jax.ShapeDtypeStruct((D, D), dt),) * 3 + (
+        jax.ShapeDtypeStruct((), dt),)
+    dZ, gQ, gK, gV, gl = jax.pure_callback(_host_layer_backward, shapes, Z, WQ.astype(dt), WK.astype(dt),
+                                           WV.astype(dt), jnp.asarray(lam, dt), dO.astype(dt),
+                                           vmap_method="sequential")
+    return (dZ, gQ.astype(WQ.dtype), gK.astype(WK.dtype), gV.astype(WV.dtype),
+            jnp.asarray(gl, jnp.result_type(lam)).reshape(jnp.shape(lam)))
+
+
+_layer.defvjp(_layer_fwd, _layer_bwd)
+
+
+def gla_layer(params, Z: jax.Array, lam) -> jax.Array:
+    """Outputs o_t of one GLA layer at every position (``gla_forget.gla_layer``), by the compiled CPU kernels.
+
+    o_t = S_t q_t, S_t = λ S_{t-1} + v_t k_tᵀ, in the recurrent form: O(T D²) work per prompt and no (T, T)
+    matrix. Differentiable in the weights, λ and the tokens (a custom VJP whose backward runs the recurrence
+    forward for q̄ and backward for k̄, v̄; see ``_layer_source``).
+
+    Args:
+        params: any parametrisation of ``gla_forget`` (merged ones as W_Q = W^KQ, W_K = I).
+        Z: (B, T, d+1) tokens (any leading axes are flattened into B).
+        lam: forget factor λ (a scalar).
+    Returns:
+        O: Z's shape.
+    """
+    from iclab.models import gla_forget as gla
+
+    if gla.parametrisation(params) == "qkv":
+        WQ, WK, WV = params["WQ"], params["WK"], params["WV"]
+    else:
+        WV, WQ = gla.merged_weights(params)
+        WK = jnp.eye(WQ.shape[-1], dtype=WQ.dtype)
+    lead = Z.shape[:-2]
+    O = _layer(Z.reshape((-1,) + Z.shape[-2:]), WQ, WK, WV, lam)
+    return O.reshape(lead + Z.shape[-2:])

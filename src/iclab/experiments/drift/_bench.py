@@ -28,10 +28,10 @@ So fig1 needs 90 · 2(4TD + 4D²) ≈ 8.9·10⁵ flops per prompt (4.4 GFLOP per
 (≈ 10⁷ Gaussian draws per step, the AR(1) scan and y = ⟨w, x⟩) and AdamW are not counted in the floor;
 their time is reported apart. Reported beside it: XLA's flop count of the compiled loss-and-gradient, the achieved GFLOP/s (floor over
 the measured loss-and-gradient time, and over the whole step), and a float32 matmul's GFLOP/s measured in
-the same run. fig1's models are timed with each read-out kernel (XLA's ``gla_forget.gla_readout`` and the
-compiled ``gla_forget_native.readout_grid``), fig2's full layers in each form of
-``models.gla_forget.predict_multilayer`` (losses and gradients compared with the first); the step loop uses
-the paper preset's read-out kernel (native) and fig2's first form.
+the same run. fig1's models are timed with each kernel (XLA's ``gla_forget.gla_readout`` and the compiled
+``gla_forget_native.readout_grid``), fig2's full layers in each form of ``models.gla_forget.predict_multilayer``
+(``parallel`` in XLA, ``native`` the compiled recurrent kernels; losses and gradients compared with the first);
+the step loops use the paper presets' kernel (native).
 """
 
 from __future__ import annotations
@@ -112,9 +112,8 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
         params[name] = jax.tree_util.tree_map(lambda a, s=lams.shape: a.reshape(s + a.shape[1:]), p)
 
     def loss_fn(form):
-        # fig1: ``form`` is the read-out kernel; fig2: the full layers' form, its one-layer models read out by
-        # the preset's kernel
-        kw = {"readout": form} if which == "fig1" else {"form": form, "readout": config.readout_kernel}
+        # fig1: ``form`` is the kernel; fig2: the full layers' form (its one-layer models by the preset's kernel)
+        kw = {"kernel": form} if which == "fig1" else {"form": form, "kernel": config.kernel}
 
         def loss(p, batch):
             return sum(jnp.sum(_common._group_mse(layers, **kw)(p[name], batch, {"lam": jnp.asarray(lams, dt)}))
@@ -143,7 +142,7 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
                               "loss_rel_diff": float(abs(value - ref[0]) / abs(ref[0])), "grad_max_rel_diff": rel}
     # the whole step, in the experiments' form: sample, loss and gradient, AdamW, as a jitted loop
     opt = optax.chain(config.transformation(), optax.scale(-config.lr))
-    loss = loss_fn(config.readout_kernel if which == "fig1" else forms[0])
+    loss = loss_fn(config.kernel if which == "fig1" else ("native" if config.kernel == "native" else forms[0]))
 
     @functools.partial(jax.jit, static_argnums=2)
     def run(p, key, n):
@@ -166,22 +165,22 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     return out
 
 
-def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "chunked"),
-                fig1_readouts: tuple[str, ...] = ("xla", "native")) -> dict:
+def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "native"),
+                fig1_kernels: tuple[str, ...] = ("xla", "native")) -> dict:
     """Roofline of drift.fig1's and drift.fig2's paper training steps (module docstring).
 
     Args:
         steps: steps per timed loop.
         batch: prompts per step (None: the paper's 5000; smaller only to test the benchmark).
-        fig2_forms: forms of fig2's full layers, timed side by side (the first is the one timed in the loop).
-        fig1_readouts: read-out kernels of fig1's models (``TrainConfig.readout_kernel``), timed side by side and
-            compared with the first; the loop uses the paper preset's.
+        fig2_forms: forms of fig2's full layers, timed side by side and compared with the first.
+        fig1_kernels: kernels of fig1's models (``TrainConfig.kernel``), timed side by side and compared with the
+            first. The step loops use the paper presets' kernel (native: the read-out kernel, the native form).
     Returns:
         JSON-able dict: per setting the floor flops, sampling / loss-and-gradient / step seconds, achieved GFLOP/s
         and their fraction of the matmul peak, XLA's counts, the forms' agreement; the peak; load and device.
     """
     load_before = os.getloadavg()
-    out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_readouts)),
+    out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels)),
            "fig2": _setting("fig2", batch, steps, tuple(fig2_forms))}
     peak = matmul_peak_gflops()
     for entry in out.values():

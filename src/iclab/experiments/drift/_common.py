@@ -48,8 +48,8 @@ from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.theory import drift as theory
 
 PAPER = "drift"
-#: How one-layer models are read out in training (``TrainConfig.readout_kernel``).
-ReadoutKernel = Literal["xla", "native"]
+#: How the GLA models run in training (``TrainConfig.kernel``).
+Kernel = Literal["xla", "native"]
 #: The γ values of Fig 1a and of the LMS/RLS table (spec §5).
 PAPER_GAMMAS = (0.8, 0.85, 0.925, 0.95, 0.975)
 #: Spec §5 table (d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I): γ -> (λ*, err(λ*), err(λ = 1)).
@@ -121,11 +121,11 @@ class TrainConfig(TaskConfig, TrainingConfig):
         "float32", "dtype of training (sampling, forward, backward); evaluation is float64",
         paper=None, paper_note="unspecified (PyTorch default float32)",
     )
-    readout_kernel: ReadoutKernel = param(
-        "xla", "how one-layer models are read out in training: xla (gla_forget.gla_readout, vmapped) or native "
-        "(the compiled CPU kernel gla_forget_native.readout_grid, ~5x faster at the paper's batch; equal to "
-        "float rounding, not bit for bit)", paper=None,
-        paper_note="implementation choice; the paper presets use native")
+    kernel: Kernel = param(
+        "xla", "how the GLA models compute in training: xla (one layer: gla_readout; full layers: the parallel "
+        "form) or native (compiled CPU kernels of gla_forget_native: the read-out of a whole grid, the recurrent "
+        "form of full layers; several times faster at the paper's batch, equal to float rounding, not bit for bit)",
+        paper=None, paper_note="implementation choice; the paper presets use native")
     init_std: float = param(0.1, "std of the random Gaussian init of every weight entry", paper=None,
                             paper_note="unspecified ('random Gaussian init')", gt=0, le=10)
     parametrisation: gla.Parametrisation = param(
@@ -185,16 +185,17 @@ def _forget_factors(params, settings):
     return jnp.where(settings["learn"], jax.nn.sigmoid(params["theta"]), settings["lam"])
 
 
-def _group_mse(layers: int | None, form: gla.Form = "parallel", readout: ReadoutKernel = "xla"):
+def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel = "xla"):
     """The loss of a group: each member's MSE on the batch of its own γ, (G, K).
 
     Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
-    over the K members of a row with the batch shared. ``form``: the form of an L-layer model's full layers.
-    One-layer models are read out at the query, by XLA (``readout = "xla"``: ``gla_forget.gla_readout``
-    vmapped) or by the compiled kernel ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once
-    (``"native"``; equal to float rounding, tests compare both).
+    over the K members of a row with the batch shared. One-layer models are read out at the query: by XLA
+    (``kernel = "xla"``: ``gla_forget.gla_readout`` vmapped) or by the compiled kernel
+    ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``). An L-layer model's full
+    layers run in ``form`` (default: ``parallel`` for xla, ``native``, the compiled recurrent kernels, for
+    native). Both kernels are equal to float rounding (tests compare them).
     """
-    if layers is None and readout == "native":
+    if layers is None and kernel == "native":
         def native(params, batch, settings):
             Z, y = batch
             WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(params)  # (G, K, d+1, d+1) each
@@ -202,6 +203,7 @@ def _group_mse(layers: int | None, form: gla.Form = "parallel", readout: Readout
             yhat = readout_grid(Z, WV[..., -1, :], c, _forget_factors(params, settings))
             return jnp.mean((yhat - y[:, None, :]) ** 2, axis=-1)
         return native
+    form = form or ("native" if kernel == "native" else "parallel")
     forward = gla.predict if layers is None else functools.partial(gla.predict_multilayer, form=form)
 
     def loss(params, batch, settings):
@@ -255,7 +257,7 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
         if ids.shape != lams.shape:
             raise ValueError(f"a group's ids must have the shape of its lams {lams.shape} (got {ids.shape})")
         members[name] = Members(init=functools.partial(_init_member, config, grp.layers, dt),
-                                loss=_group_mse(grp.layers, readout=config.readout_kernel), ids=ids,
+                                loss=_group_mse(grp.layers, kernel=config.kernel), ids=ids,
                                 settings=settings)
         first = max(first, int(ids.max()) + 1)
 
