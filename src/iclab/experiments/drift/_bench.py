@@ -7,9 +7,10 @@ fresh prompts per step, W_Q, W_K, W_V weights, AdamW, float32.
 - fig2: γ = 0.95; 5 λ × depths 1, 2, 3, plus one 1-layer model at λ*: 16 models, 15 full layers (every
   position) below the read-out layers.
 
-A step is: draw the batch (``tasks.drift.sample_drift_prompts``, every γ from the same normals), the
-loss and its gradient (``_common._group_mse``, the experiments' own loss), one AdamW update. Each part is
-timed apart (jitted, second call), and the whole step as a jitted loop of ``steps`` steps.
+A step is: draw the batch (every γ from the same normals; the paper presets' sampler, native, draws it with
+``tasks.drift_native.sample_training_batch``, the xla sampler with ``tasks.drift.sample_drift_prompts``: both are
+timed), the loss and its gradient (``_common._group_mse``, the experiments' own loss), one AdamW update. Each
+part is timed apart (jitted, second call), and the whole step as a jitted loop of ``steps`` steps.
 
 Floor (flops counted from the shapes; a product's backward computes the gradient of each input that needs
 one, at the forward's cost each):
@@ -49,6 +50,7 @@ from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
 from iclab.experiments.drift import _common
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
+from iclab.tasks.drift_native import sample_training_batch
 
 __all__ = ["bench_drift", "floor_flops_per_prompt"]
 
@@ -100,9 +102,14 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     Lam = jnp.asarray(config.Lam(), dt)
     gam = jnp.asarray(gammas, dt)
 
-    def sample(key):
+    def sample_xla(key):
         pr = sample_drift_prompts(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
         return tokens(pr), pr.target
+
+    def sample_native(key):
+        return sample_training_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
+
+    sample = sample_native if config.sampler == "native" else sample_xla
 
     params = {}
     for i, (name, (lams, layers)) in enumerate(groups.items()):
@@ -125,7 +132,9 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     key = jax.random.PRNGKey(0)
     batch0 = jax.jit(sample)(key)
     out = {"models": len(depths), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
-           "sample_s": _timed(jax.jit(sample), key), "xla_flops_sample": compiled_flops(sample, key), "forms": {}}
+           "sample_s": _timed(jax.jit(sample), key), "sample_s_xla": _timed(jax.jit(sample_xla), key),
+           "sample_s_native": _timed(jax.jit(sample_native), key), "xla_flops_sample": compiled_flops(sample_xla, key),
+           "forms": {}}
     ref = None
     for form in forms:
         vg = jax.jit(jax.value_and_grad(loss_fn(form)))

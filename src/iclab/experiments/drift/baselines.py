@@ -195,7 +195,7 @@ register(
         presets={
             "quick": {"trials": 500, "chunk": 500, "batch": 250, "steps": 200, "lr_schedule": "cosine",
                       "parametrisation": "restricted", "init_std": 0.03, "n_eval": 3000},
-            "paper": {"kernel": "native"},
+            "paper": {"kernel": "native", "sampler": "native"},
         },
         run=run_baselines,
         checks=checks_baselines,

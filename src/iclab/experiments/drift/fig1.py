@@ -405,7 +405,7 @@ register(
             "quick": {"lams": _grid(0.6, 1.0, 9), "lam_bars": _grid(0.6, 1.0, 17), "batch": 250, "steps": 600,
                       "lr_schedule": "cosine", "parametrisation": "restricted", "init_std": 0.03, "n_eval": 3000, "record_every": 50,
                       "theta_lr_factor": 10.0},
-            "paper": {"kernel": "native"},
+            "paper": {"kernel": "native", "sampler": "native"},
         },
         run=run_fig1,
         checks=checks_fig1,

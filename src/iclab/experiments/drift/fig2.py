@@ -260,7 +260,7 @@ register(
             "quick": {"depths": [1, 2], "lams": [0.85, 0.95], "batch": 250, "steps": 200, "lr": 2e-2, "lr_schedule": "cosine",
                       "parametrisation": "restricted", "init_std": 0.03, "n_eval": 1000, "n_record": 500,
                       "record_every": 25},
-            "paper": {"record_every": 20, "kernel": "native"},
+            "paper": {"record_every": 20, "kernel": "native", "sampler": "native"},
         },
         run=run_fig2,
         checks=checks_fig2,

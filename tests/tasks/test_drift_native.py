@@ -1,0 +1,109 @@
+"""The compiled sampler of drift training batches (tasks.drift_native): its generator against Random123's known
+answers, its normals against N(0, 1), its batches against the process's moments (Lemma 1) at a few standard errors,
+and its structure: the tokens' layout, common random numbers over a grid of processes, keys, vmap, threads."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import iclab  # noqa: F401  (float64)
+import iclab.theory.drift as theory
+from iclab.tasks import drift_native as native
+
+
+def _draw(key, B, *, gamma=0.9, sigma_w2=1.0, sigma_e2=0.1, n=6, Lam=None, dtype=jnp.float64):
+    Lam = jnp.eye(2) if Lam is None else Lam
+    Z, y = native.sample_training_batch(jax.random.PRNGKey(key), B, gamma=gamma, sigma_w2=sigma_w2,
+                                        sigma_e2=sigma_e2, n=n, Lam=Lam, dtype=dtype)
+    return np.asarray(Z), np.asarray(y)
+
+
+@pytest.mark.parametrize("counter,key,expected", [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_matches_the_random123_known_answers(counter, key, expected):
+    import numba
+
+    namespace = {"np": np}
+    exec(compile(native._source(), "<test>", "exec"), namespace)
+    philox = numba.njit(namespace["philox"])
+    out = np.empty(4, np.int64)
+    philox(*(np.uint64(v) for v in counter + key), out)
+    assert tuple(int(v) for v in out) == expected
+
+
+def test_normals_are_standard_normal():
+    """Λ = I, so the tokens' inputs are the raw normals: Kolmogorov-Smirnov against N(0, 1), the tail beyond the
+    ziggurat's base strip r = 3.44 and the fourth moment, at 10⁶ draws."""
+    Z, _ = _draw(0, 10_000, n=49)
+    x = Z[0, :, :, :2].ravel()  # 10⁶
+    assert stats.kstest(x, "norm").pvalue > 1e-4
+    tail, p = np.mean(np.abs(x) > 3.442619855899), 2 * stats.norm.sf(3.442619855899)
+    assert abs(tail - p) < 5 * np.sqrt(p / x.size)
+    assert abs(np.mean(x ** 4) - 3) < 5 * np.sqrt(96 / x.size)  # Var(x⁴) = 105 − 9
+
+
+@pytest.mark.parametrize("gamma,sw2,se2", [(0.8, 1.0, 0.1), (1.0, 0.5, 0.02)])
+def test_batches_have_the_processes_moments(gamma, sw2, se2):
+    """Λ = I, d = 2: E[y_a²] = d c(a, a) and E[(y_a x_a)(y_b x_b)] = c(a, b) per coordinate for a ≠ b (Lemma 1's
+    c), at 5 standard errors."""
+    B, n, d = 40_000, 5, 2
+    Z, target = _draw(1, B, gamma=gamma, sigma_w2=sw2, sigma_e2=se2, n=n)
+    C = theory.ar1_covariance(gamma=gamma, sigma_w2=sw2, sigma_e2=se2, n=n)
+    x, y = Z[0, :, :, :d], np.concatenate([Z[0, :, :-1, d], target[0][:, None]], axis=1)  # (B, n+1, d), (B, n+1)
+    sq = y ** 2
+    assert np.all(np.abs(sq.mean(0) - d * np.diag(C)) <= 5 * sq.std(0) / np.sqrt(B))
+    s = y[:, :, None] * x  # y_a x_a: E[s_a s_bᵀ] = C[a, b] I for a ≠ b
+    prod = np.einsum("bae,bce->bac", s, s) / d
+    off = ~np.eye(n + 1, dtype=bool)
+    assert np.all(np.abs(prod.mean(0) - C)[off] <= 5 * (prod.std(0) / np.sqrt(B))[off])
+
+
+def test_inputs_have_covariance_lambda():
+    Lam = np.array([[2.0, 0.3], [0.3, 0.5]])
+    Z, _ = _draw(2, 20_000, n=4, Lam=jnp.asarray(Lam))
+    x = Z[0, :, :, :2].reshape(-1, 2)
+    np.testing.assert_allclose(x.T @ x / len(x), Lam, atol=5 * 2.0 / np.sqrt(len(x)))
+
+
+def test_token_layout_and_common_random_numbers():
+    """Labels in the last column, 0 at the query, the target its label; a (G,) grid of processes equals G single
+    draws from the same key (row by row), and shares its inputs."""
+    gam, sw, se = jnp.array([0.8, 0.95, 1.0]), jnp.array([1.0, 2.0, 1.0]), jnp.array([0.01, 0.1, 0.0])
+    Z, y = _draw(3, 7, gamma=gam, sigma_w2=sw, sigma_e2=se, n=5, Lam=jnp.eye(3))
+    assert Z.shape == (3, 7, 6, 4) and y.shape == (3, 7)
+    np.testing.assert_array_equal(Z[..., -1, -1], 0.0)
+    for g in range(3):
+        np.testing.assert_array_equal(Z[g, ..., :3], Z[0, ..., :3])
+        Zg, yg = _draw(3, 7, gamma=float(gam[g]), sigma_w2=float(sw[g]), sigma_e2=float(se[g]), n=5, Lam=jnp.eye(3))
+        np.testing.assert_array_equal(Zg[0], Z[g])
+        np.testing.assert_array_equal(yg[0], y[g])
+    # γ = 1, σ_e = 0: one task per prompt, so y = ⟨w, x⟩ is linear in x with one w per prompt
+    x, lab = Z[2, :, :-1, :3], Z[2, :, :-1, 3]
+    w = np.stack([np.linalg.lstsq(x[b], lab[b], rcond=None)[0] for b in range(7)])
+    np.testing.assert_allclose(np.einsum("bd,btd->bt", w, x), lab, atol=1e-10)
+
+
+def test_keys_vmap_threads_and_dtype(monkeypatch):
+    a, b = _draw(4, 50), _draw(5, 50)
+    assert not np.allclose(a[0], b[0])
+    keys = jnp.stack([jax.random.PRNGKey(4), jax.random.PRNGKey(5)])
+    Zs, ys = jax.vmap(lambda k: native.sample_training_batch(k, 50, gamma=0.9, sigma_w2=1.0, sigma_e2=0.1, n=6,
+                                                             Lam=jnp.eye(2), dtype=jnp.float64))(keys)
+    np.testing.assert_array_equal(Zs[0], a[0])
+    np.testing.assert_array_equal(Zs[1], b[0])
+    for threads in (1, 3):
+        monkeypatch.setattr(native, "thread_count", lambda t=threads: t)
+        np.testing.assert_array_equal(_draw(4, 50)[0], a[0])
+    Z32, y32 = _draw(4, 50, dtype=jnp.float32)
+    assert Z32.dtype == np.float32
+    np.testing.assert_array_equal(Z32, a[0].astype(np.float32))
+    with pytest.raises(ValueError, match="n and B"):
+        _draw(4, 0)
