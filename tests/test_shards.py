@@ -281,7 +281,7 @@ def assert_same_arrays(a: dict, b: dict, rtol: float) -> dict:
         assert x.shape == y.shape, k
         np.testing.assert_array_equal(np.isnan(x), np.isnan(y), err_msg=k)
         m = np.isfinite(x)
-        scale = np.maximum(np.abs(x[m]), 1e-12 * (np.max(np.abs(x[m])) if m.any() else 1.0))
+        scale = np.maximum(np.abs(x[m]), max(1e-12 * (np.max(np.abs(x[m])) if m.any() else 1.0), np.finfo(float).tiny))
         worst[k] = float(np.max(np.abs(x[m] - y[m]) / scale)) if m.any() else 0.0
         np.testing.assert_allclose(y[m], x[m], rtol=rtol, atol=0, err_msg=k)
     return worst
@@ -360,3 +360,31 @@ def test_gating_fig1_through_a_local_ray_head_equals_the_unsharded_run(ray_clust
     print("gating.fig1 float32, Ray: worst relative differences", sorted(worst.items(), key=lambda kv: -kv[1])[:5])
     metrics = json.loads((Store(tmp_path / "ray").root / os.path.basename(res["path"]) / "metrics.json").read_text())
     assert metrics["sharded"] == {"executor": "ray", "shards": 4, "computed": 4, "reused": 0}
+
+
+def test_the_drift_fig2_shards_cover_its_models_once():
+    """One shard per trained (depth, λ) of drift.fig2, and ``star`` (λ*, the theory and the gradient flow); an
+    unknown shard is an error naming the shards."""
+    from iclab.experiments import get_experiment
+    from iclab.experiments.drift import fig2
+
+    exp = get_experiment("drift.fig2")
+    config = exp.resolve("paper")
+    names = exp.shards(config)
+    assert len(set(names)) == len(names) == len(config.depths) * len(config.lams) + 1 and names[-1] == "star"
+    table = dict(zip(names, fig2._members(config)))
+    assert sorted(table.values()) == sorted((L, k) for L in config.depths for k in range(len(config.lams)))
+    with pytest.raises(ValueError, match="no shard 'L9.lam0.5'.*L1.lam0.8"):
+        exp.run_shard(config, "L9.lam0.5", None)
+
+
+@pytest.mark.slow
+def test_drift_fig2_sharded_equals_the_unsharded_run(tmp_path):
+    """The quick preset in float64, small: each (depth, λ) model trained alone with its member id, the λ* model
+    with the theory and the flow, assembled: the unsharded run's arrays to float64 rounding."""
+    over = {"dtype": "float64", "steps": 30, "n_eval": 300, "n_record": 100, "record_every": 10}
+    plain = run_experiment("drift.fig2", "quick", over, root=tmp_path / "plain", checkpoint_every=0)
+    sharded = run_experiment("drift.fig2", "quick", over, root=tmp_path / "sharded", executor="local", workers=1)
+    worst = assert_same_arrays(plain.arrays, sharded.arrays, RTOL_FLOAT64)
+    print("drift.fig2 float64: worst relative differences", sorted(worst.items(), key=lambda kv: -kv[1])[:5])
+    assert json.loads((sharded.path / "metrics.json").read_text())["sharded"]["shards"] == 5

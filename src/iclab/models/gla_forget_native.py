@@ -193,7 +193,8 @@ def _layer_source(D: int) -> str:
 
     forward, per prompt, t = 0..T-1:  q, k, v = W_Q z_t, W_K z_t, W_V z_t;  S ← λS + v kᵀ;  o_t = S q.
     backward, given the cotangents ō_t:
-      pass 1 (t ascending): S_t again; q̄_t = S_tᵀ ō_t; W̄_Q += q̄ zᵀ; z̄_t = W_Qᵀ q̄;
+      pass 1 (t ascending): q, k, v and S_t again (q, k, v kept for pass 2); q̄_t = S_tᵀ ō_t; W̄_Q += q̄ zᵀ;
+        z̄_t = W_Qᵀ q̄;
       pass 2 (t descending): E_t = S̄_{t+1} + λE_{t+1} (λ̄ += vᵀ E k); S̄_t = λS̄_{t+1} + ō_t qᵀ; v̄ = S̄ k, k̄ = S̄ᵀ v;
         W̄_K += k̄ zᵀ, W̄_V += v̄ zᵀ, z̄_t += W_Kᵀ k̄ + W_Vᵀ v̄.
     (λ̄ = Σ_t ⟨S̄_t, S_{t-1}⟩ = Σ_i v_iᵀ E_i k_i, E_i = Σ_{t>i} λ^{t-1-i} S̄_t.) Each block of CH prompts writes its
@@ -239,6 +240,9 @@ def _layer_source(D: int) -> str:
         "def backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop):",
         *head,
         f"    E = np.empty(({D}, {D}, CH), Z.dtype)",
+        f"    Qb = np.empty((T, {D}, CH), Z.dtype)",
+        f"    Kb = np.empty((T, {D}, CH), Z.dtype)",
+        f"    Vb = np.empty((T, {D}, CH), Z.dtype)",
         f"    gW = np.empty((3, {D}, {D}, CH), Z.dtype)",
         f"    do = np.empty(({D}, CH), Z.dtype)",
         f"    dq = np.empty(({D}, CH), Z.dtype)",
@@ -251,8 +255,11 @@ def _layer_source(D: int) -> str:
         "        S[:] = 0.0",
         "        gW[:] = 0.0",
         "        gl[:] = 0.0",
-        # pass 1: S_t forward, q̄_t = S_tᵀ ō_t
+        # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
         "        for t in range(T):",
+        "            q = Qb[t]",
+        "            k = Kb[t]",
+        "            v = Vb[t]",
         *load_z, *qkv,
         "            for b in range(n):",
         *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
@@ -277,7 +284,10 @@ def _layer_source(D: int) -> str:
         "        S[:] = 0.0",
         "        E[:] = 0.0",
         "        for t in range(T - 1, -1, -1):",
-        *load_z, *qkv,
+        "            q = Qb[t]",
+        "            k = Kb[t]",
+        "            v = Vb[t]",
+        *load_z,
         "            for b in range(n):",
         *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
         "            dk[:] = 0.0",

@@ -67,14 +67,14 @@ def _group(L):
     return f"L{L}"
 
 
-def run_fig2(config: Fig2Config, reporter) -> dict:
+def _theory(config: Fig2Config) -> dict:
+    """Theorem 2/3 curves and λ* (no training)."""
     g = config.gamma
     lams = np.asarray(config.lams)
-    depths = list(config.depths)
-    K, S = lams.size, config.seeds
-    Lam, setting = config.Lam(), config.setting(g)
+    setting = config.setting(g)
     lam_star, err_star = theory.optimal_forget_factor(**setting)
-    out = {"lams": lams, "depths": np.asarray(depths), "lam_star": np.float64(lam_star), "err_star": np.float64(err_star)}
+    out = {"lams": lams, "depths": np.asarray(config.depths), "lam_star": np.float64(lam_star),
+           "err_star": np.float64(err_star)}
     fine = np.linspace(min(0.5, lams.min()), max(1.0, lams.max()), 401)
     out["lam_fine"] = fine
     out["theory_train_fine"] = theory.train_error(fine, **setting)
@@ -83,22 +83,68 @@ def run_fig2(config: Fig2Config, reporter) -> dict:
     test = config.test_setting(g, config.test_m)
     out["theory_test_fine"] = np.array([theory.test_error(l, **setting, lam_bar=l, **test) for l in fine])
     out["theory_test"] = np.array([theory.test_error(l, **setting, lam_bar=l, **test) for l in lams])
+    return out
 
-    # training: every depth × λ, and one 1-layer model at λ*, on shared batches
-    groups = {_group(L): Group(lams[None], _layers(L)) for L in depths} | {"star": Group(np.array([[lam_star]]))}
+
+def _members(config: Fig2Config) -> list[tuple[int, int]]:
+    """Every trained (depth L, λ index k), in the order of their member ids (depth by depth); the model at λ* is
+    member len(depths)·K."""
+    return [(L, k) for L in config.depths for k in range(len(config.lams))]
+
+
+def _train(config: Fig2Config, reporter, members: list[tuple[int, int]], star: bool) -> dict:
+    """Trains the given (depth, λ index) models, and the 1-layer model at λ* if ``star``, each with its member id in
+    the whole figure's grid (so a subset follows the trajectory it follows inside the grid, to float rounding), and
+    evaluates them. Returns per-member arrays: ``members`` (M, 2) and ``rec_mse`` (S, records, M), ``train_err``,
+    ``train_err_se``, ``test_err``, ``test_err_se`` (S, M); with ``star`` also the λ* model's arrays."""
+    g = config.gamma
+    lams = np.asarray(config.lams)
+    depths = list(config.depths)
+    K, S = lams.size, config.seeds
+    Lam, setting = config.Lam(), config.setting(g)
+    lam_star, err_star = theory.optimal_forget_factor(**setting)
+    groups, order = {}, []
+    for L in depths:
+        ks = [k for (L2, k) in members if L2 == L]
+        if ks:
+            groups[_group(L)] = Group(lams[ks][None], _layers(L), ids=np.array([[depths.index(L) * K + k for k in ks]]))
+            order += [(L, k) for k in ks]
+    if star:
+        groups["star"] = Group(np.array([[lam_star]]), ids=np.array([[len(depths) * K]]))
     Z_rec, y_rec = eval_prompts(config, _eval_key(config, 0), config.n_record, g)
     exact = config.parametrisation == "restricted"
     tr, params = train_groups(config, np.array([g]), groups, eval_set=(Z_rec[None], y_rec[None]), record_params=exact,
                               reporter=reporter,
-                              label=f"GLA, depths {depths} × {K} λ + 1 layer at λ* ({S} seed{'s' * (S > 1)})")
-    out["rec_step"] = tr.step
-    # panels (c-d): MSE on fixed prompts along training, beside the eq-15 optimum's MSE on the same prompts
+                              label=f"GLA, {len(order)} of depths {depths} × {K} λ{' + 1 layer at λ*' if star else ''} "
+                                    f"({S} seed{'s' * (S > 1)})")
+    out = {"rec_step": tr.step, "members": np.array(order, dtype=np.int64).reshape(-1, 2)}
+    evals = tr.metrics["eval"]
+    out["rec_mse"] = np.stack([evals[_group(L)][:, :, 0, [k2 for (L2, k2) in order if L2 == L].index(k)]
+                               for (L, k) in order], axis=-1) if order else np.zeros((S, len(tr.step), 0))
+    # final errors: train (length n) and test (length m, λ̄ = λ): exact for one restricted layer, else
+    # estimated beside the 1-layer optimum on shared fresh prompts (``model_errors``)
+    for j, (name, m) in enumerate((("train", None), ("test", config.test_m))):
+        E = theory.train_error(lams, **setting) if name == "train" else np.array(
+            [theory.test_error(l, **setting, lam_bar=l, **config.test_setting(g, m)) for l in lams])
+        err, se = np.zeros((S, len(order))), np.zeros((S, len(order)))
+        for L in depths:
+            ks = [k for (L2, k) in order if L2 == L]
+            if not ks:
+                continue
+            cols = [order.index((L, k)) for k in ks]
+            for s in range(S):
+                p = jax.tree_util.tree_map(lambda a: a[s, 0], params[_group(L)])
+                e = model_errors(config, p, lams[ks], g, lams[ks], E[ks], _eval_key(config, 1 + j), m=m,
+                                 layers=_layers(L))
+                err[s, cols], se[s, cols] = e["err"], e["err_se"]
+        out[f"{name}_err"], out[f"{name}_err_se"] = err, se
+    if not star:
+        return out
+    out["rec_mse_star"] = evals["star"][:, :, 0, 0]  # (S, T)
+    # panel (c): beside the eq-15 optimum's MSE on the same fixed prompts
     y_rec = np.asarray(y_rec)
     out["rec_opt"] = np.array([np.mean((optimal_predictions(config, Z_rec, l, g, [l])[0] - y_rec) ** 2) for l in lams])
     out["rec_opt_star"] = np.mean((optimal_predictions(config, Z_rec, lam_star, g, [lam_star])[0] - y_rec) ** 2)
-    evals = tr.metrics["eval"]
-    out["rec_mse"] = np.stack([evals[_group(L)][:, :, 0, :] for L in depths], axis=1)  # (S, L, T, K)
-    out["rec_mse_star"] = evals["star"][:, :, 0, 0]  # (S, T)
     if exact:
         # exact population excess 2(L̃ − L̃*) of the recorded weights (eq 42 / Corollary 1, which carry ½): noise-free
         D1s, D2s, D3s, _ = theory.D_sums(lam_star, gamma=g, **config.process())
@@ -108,24 +154,18 @@ def run_fig2(config: Fig2Config, reporter) -> dict:
         Lmin = theory.min_half_reduced_loss(**at_star)
         out["rec_exact_excess_star"] = np.array([[2 * (theory.half_reduced_loss(U[s, k], u[s, k], **at_star) - Lmin)
                                                   for k in range(U.shape[1])] for s in range(U.shape[0])])
+    star_err = [model_errors(config, jax.tree_util.tree_map(lambda a: a[s, 0], params["star"]), [lam_star], g,
+                             [lam_star], [err_star], _eval_key(config, 1)) for s in range(S)]
+    out["star_err"] = np.array([e["err"][0] for e in star_err])
+    out["star_err_se"] = np.array([e["err_se"][0] for e in star_err])
+    return out
 
-    # final errors: train (length n) and test (length m, λ̄ = λ): exact for one restricted layer, else
-    # estimated beside the 1-layer optimum on shared fresh prompts (``model_errors``)
-    for j, (name, m) in enumerate((("train", None), ("test", config.test_m))):
-        E = out[f"theory_{name}"]
-        est = {k: np.zeros((S, len(depths), K)) for k in ("err", "err_se")}
-        for i, L in enumerate(depths):
-            for s in range(S):
-                p = jax.tree_util.tree_map(lambda a: a[s, 0], params[_group(L)])
-                e = model_errors(config, p, lams, g, lams, E, _eval_key(config, 1 + j), m=m, layers=_layers(L))
-                est["err"][s, i], est["err_se"][s, i] = e["err"], e["err_se"]
-        out[f"{name}_err"], out[f"{name}_err_se"] = est["err"], est["err_se"]
-    star = [model_errors(config, jax.tree_util.tree_map(lambda a: a[s, 0], params["star"]), [lam_star], g, [lam_star],
-                         [err_star], _eval_key(config, 1)) for s in range(S)]
-    out["star_err"] = np.array([e["err"][0] for e in star])
-    out["star_err_se"] = np.array([e["err_se"][0] for e in star])
 
-    # gradient flow of the exact loss (Lemma 3) from Assumption 1, at λ*: the population engine
+def _flow(config: Fig2Config, reporter) -> dict:
+    """Panels (e-f): gradient flow of the exact loss (Lemma 3) from Assumption 1, at λ*: the population engine."""
+    g = config.gamma
+    Lam = config.Lam()
+    lam_star, _ = theory.optimal_forget_factor(**config.setting(g))
     D1, D2, D3, _ = theory.D_sums(lam_star, gamma=g, **config.process())
     Lt = theory.Lam_tilde(Lam, D2=D2, D3=D3)
     rng = np.random.default_rng(config.seed)
@@ -140,14 +180,70 @@ def run_fig2(config: Fig2Config, reporter) -> dict:
             {"U11": jnp.asarray(U0), "u_m1": jnp.float64(u0)}, aux, t_max=config.pl_t_max, n_records=config.pl_records,
             metrics={"balance": lambda p, a: p["u_m1"] ** 2 - jnp.sum(p["U11"] ** 2), "u": lambda p, a: p["u_m1"]},
             record_params=True, callback=cb)
-    out["gf_t"] = gf.t
-    out["gf_gap"] = np.asarray(gf.loss) - theory.min_half_reduced_loss(D1=D1, Lam_t=Lt, Lam=Lam)
-    out["gf_balance"] = np.asarray(gf.metrics["balance"])
-    out["gf_u"] = np.asarray(gf.metrics["u"])
-    out["gf_final_product"] = np.asarray(gf.params["u_m1"][-1] * gf.params["U11"][-1])
-    out["gf_target_product"] = D1 * np.linalg.inv(Lt)
-    out["pl_alpha"] = np.float64(theory.pl_constant(sigma, Theta, D1=D1, Lam_t=Lt, Lam=Lam))
-    out["u_lower_bound"] = np.float64(theory.u_lower_bound(sigma, Theta, D1=D1, Lam_t=Lt, Lam=Lam))
+    return {
+        "gf_t": gf.t,
+        "gf_gap": np.asarray(gf.loss) - theory.min_half_reduced_loss(D1=D1, Lam_t=Lt, Lam=Lam),
+        "gf_balance": np.asarray(gf.metrics["balance"]),
+        "gf_u": np.asarray(gf.metrics["u"]),
+        "gf_final_product": np.asarray(gf.params["u_m1"][-1] * gf.params["U11"][-1]),
+        "gf_target_product": D1 * np.linalg.inv(Lt),
+        "pl_alpha": np.float64(theory.pl_constant(sigma, Theta, D1=D1, Lam_t=Lt, Lam=Lam)),
+        "u_lower_bound": np.float64(theory.u_lower_bound(sigma, Theta, D1=D1, Lam_t=Lt, Lam=Lam)),
+    }
+
+
+def _assemble(config: Fig2Config, parts: list[dict]) -> dict:
+    """The figure's training arrays from parts of ``_train`` (each model in exactly one part; one part with λ*):
+    ``rec_mse`` (S, depths, records, K) and ``{train,test}_err{,_se}`` (S, depths, K), the λ* model's arrays."""
+    depths, K = list(config.depths), len(config.lams)
+    first = parts[0]
+    S, R = first["rec_mse"].shape[:2]
+    dtype = next((p["rec_mse"].dtype for p in parts if p["rec_mse"].shape[-1]), first["rec_mse"].dtype)
+    out = {"rec_step": first["rec_step"], "rec_mse": np.full((S, len(depths), R, K), np.nan, dtype)}
+    for name in ("train_err", "train_err_se", "test_err", "test_err_se"):
+        out[name] = np.full((S, len(depths), K), np.nan)
+    for part in parts:
+        for col, (L, k) in enumerate(np.asarray(part["members"]).reshape(-1, 2)):
+            i = depths.index(int(L))
+            out["rec_mse"][:, i, :, k] = part["rec_mse"][:, :, col]
+            for name in ("train_err", "train_err_se", "test_err", "test_err_se"):
+                out[name][:, i, k] = part[name][:, col]
+        out.update({key: value for key, value in part.items()
+                    if key.endswith("_star") or key in ("rec_opt", "star_err", "star_err_se")})
+    return out
+
+
+def run_fig2(config: Fig2Config, reporter) -> dict:
+    out = _theory(config)
+    # training: every depth × λ, and one 1-layer model at λ*, on shared batches
+    out.update(_assemble(config, [_train(config, reporter, _members(config), star=True)]))
+    out.update(_flow(config, reporter))
+    return out
+
+
+def shards_fig2(config: Fig2Config) -> list[str]:
+    """One shard per trained (depth L, λ): ``L<L>.lam<λ>``, and ``star``: the 1-layer model at λ*, the theory and
+    the gradient flow (panels c, e-f)."""
+    return [f"L{L}.lam{config.lams[k]:g}" for L, k in _members(config)] + ["star"]
+
+
+def run_shard_fig2(config: Fig2Config, name: str, reporter) -> dict:
+    """The arrays of one shard: ``_train`` of its model (its member id as in the whole grid), or for ``star`` the
+    λ* model, the theory and the gradient flow."""
+    table = dict(zip(shards_fig2(config), _members(config) + [None]))
+    if name not in table:
+        raise ValueError(f"drift.fig2 has no shard {name!r} at this config (shards: {', '.join(table)})")
+    if name == "star":
+        return {**_theory(config), **_train(config, reporter, [], star=True), **_flow(config, reporter)}
+    return _train(config, reporter, [table[name]], star=False)
+
+
+def assemble_fig2(config: Fig2Config, parts: dict[str, dict], reporter=None) -> dict:
+    """The figure's arrays (the layout of :func:`run_fig2`) from every shard's."""
+    star = parts["star"]
+    out = {key: star[key] for key in _theory(config)}
+    out.update(_assemble(config, [parts["star"]] + [parts[name] for name in shards_fig2(config)[:-1]]))
+    out.update({key: star[key] for key in star if key.startswith("gf_") or key in ("pl_alpha", "u_lower_bound")})
     return out
 
 
@@ -265,6 +361,9 @@ register(
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
+        shards=shards_fig2,
+        run_shard=run_shard_fig2,
+        assemble=assemble_fig2,
         notes=[
             "Multi-layer architecture (unspecified): L layers with their own weights and a shared λ, residual "
             "Z ← Z + GLA_l(Z) at every position, read out at the query's label slot.",
