@@ -204,13 +204,16 @@ def _layer_source(D: int) -> str:
     zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
     head = [
         "    B, T, _ = Z.shape",
-        f"    zt = np.empty(({D}, CH), Z.dtype)",
+        f"    zb = np.empty((T, {D}, CH), Z.dtype)",
         f"    q = np.empty(({D}, CH), Z.dtype)",
         f"    k = np.empty(({D}, CH), Z.dtype)",
         f"    v = np.empty(({D}, CH), Z.dtype)",
         f"    S = np.empty(({D}, {D}, CH), Z.dtype)",
     ]
-    load_z = ["            for b in range(n):", *[f"                zt[{f}, b] = Z[b0 + b, t, {f}]" for f in F]]
+    # a block of prompts is read once, prompt by prompt (contiguous rows), into zb (T, D, CH); zt = zb[t]
+    load_block = ["        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
+                  "                    zb[t, f, b] = Z[b0 + b, t, f]"]
+    load_z = ["            zt = zb[t]"]
     qkv = [
         f"            for e in range({D}):",
         *[f"                wq{f} = WQ[e, {f}]; wk{f} = WK[e, {f}]; wv{f} = WV[e, {f}]" for f in F],
@@ -223,10 +226,12 @@ def _layer_source(D: int) -> str:
     forward = [
         "def forward(Z, WQ, WK, WV, lam, O, first, stop):",
         *head,
+        f"    ob = np.empty((T, {D}, CH), Z.dtype)",
         "    for blk in range(first, stop):",
         "        b0 = blk * CH",
         "        n = min(CH, Z.shape[0] - b0)",
         "        S[:] = 0.0",
+        *load_block,
         "        for t in range(T):",
         *load_z, *qkv,
         f"            for e in range({D}):",
@@ -234,17 +239,24 @@ def _layer_source(D: int) -> str:
         "                for b in range(n):",
         "                    ve = v[e, b]",
         *[f"                    s{f} = lam * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}" for f in F],
-        "                    O[b0 + b, t, e] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
+        "                    ob[t, e, b] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
+        # written out prompt by prompt: contiguous rows of O (a store per (t, e) inside the loop above would
+        # stride by T·D)
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for e in range({D}):",
+        "                    O[b0 + b, t, e] = ob[t, e, b]",
     ]
     backward = [
         "def backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop):",
         *head,
         f"    E = np.empty(({D}, {D}, CH), Z.dtype)",
+        f"    dzb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Qb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Kb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Vb = np.empty((T, {D}, CH), Z.dtype)",
         f"    gW = np.empty((3, {D}, {D}, CH), Z.dtype)",
-        f"    do = np.empty(({D}, CH), Z.dtype)",
+        f"    dob = np.empty((T, {D}, CH), Z.dtype)",
         f"    dq = np.empty(({D}, CH), Z.dtype)",
         f"    dk = np.empty(({D}, CH), Z.dtype)",
         f"    dv = np.empty(({D}, CH), Z.dtype)",
@@ -255,14 +267,18 @@ def _layer_source(D: int) -> str:
         "        S[:] = 0.0",
         "        gW[:] = 0.0",
         "        gl[:] = 0.0",
+        *load_block,
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for f in range({D}):",
+        "                    dob[t, f, b] = dO[b0 + b, t, f]",
         # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
         "        for t in range(T):",
         "            q = Qb[t]",
         "            k = Kb[t]",
         "            v = Vb[t]",
         *load_z, *qkv,
-        "            for b in range(n):",
-        *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
+        "            do = dob[t]",
         "            dq[:] = 0.0",
         f"            for e in range({D}):",
         "                Se = S[e]",
@@ -279,7 +295,7 @@ def _layer_source(D: int) -> str:
         f"            for f in range({D}):",
         *[f"                w{e} = WQ[{e}, f]" for e in F],
         "                for b in range(n):",
-        "                    dZ[b0 + b, t, f] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+        "                    dzb[t, f, b] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
         # pass 2: S̄_t backward (S now holds S̄), E for λ̄
         "        S[:] = 0.0",
         "        E[:] = 0.0",
@@ -288,8 +304,7 @@ def _layer_source(D: int) -> str:
         "            k = Kb[t]",
         "            v = Vb[t]",
         *load_z,
-        "            for b in range(n):",
-        *[f"                do[{f}, b] = dO[b0 + b, t, {f}]" for f in F],
+        "            do = dob[t]",
         "            dk[:] = 0.0",
         f"            for e in range({D}):",
         "                Se = S[e]",
@@ -312,7 +327,11 @@ def _layer_source(D: int) -> str:
         f"            for f in range({D}):",
         *[f"                a{e} = WK[{e}, f]; c{e} = WV[{e}, f]" for e in F],
         "                for b in range(n):",
-        "                    dZ[b0 + b, t, f] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
+        "                    dzb[t, f, b] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for e in range({D}):",
+        "                    dZ[b0 + b, t, e] = dzb[t, e, b]",
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
