@@ -17,8 +17,8 @@ BENCHMARKS = {
     "mhsa": ("iclab.experiments.mhsa._bench", "bench_mhsa", "Fig 1 setting (H=I=3, d=30, L=100, batch 4096): SGD steps/s, full vs spectral model, 1 and 6 seeds"),
     "drift": ("iclab.experiments.drift._bench", "bench_drift",
               "drift.fig1 and drift.fig2 paper steps (d=10, n=100, batch 5000, qkv, AdamW, float32): sampling, loss and "
-              "gradient, whole step against the flop floor and the measured matmul peak; fig2's full layers parallel vs "
-              "chunked"),
+              "gradient, whole step against the flop floor and the measured matmul peak; XLA against the compiled "
+              "(native) sampler and kernels; the native layer kernels alone"),
     "sweep": ("iclab._bench_sweep", "bench_sweep",
               "sharing the CPU: a 4-point quick sweep with 1, C and 2C workers, and one run idle vs beside a "
               "CPU-bound neighbour (wall and CPU seconds)"),

@@ -131,6 +131,7 @@ def test_native_layer_equals_the_parallel_form_with_gradients(kind, B, lam):
         assert a.shape == b.shape and _rel(a, b) < 1e-11, a.shape
 
 
+@pytest.mark.slow  # 10 s of compilation (make test's budget); CI runs it
 def test_native_multilayer_model_equals_the_parallel_form_with_a_learnt_lambda():
     """A 3-layer residual model (two native full layers, the read-out on the stream) with λ = sigmoid(θ): loss
     and gradients of every layer's weights and θ, under vmap over models."""

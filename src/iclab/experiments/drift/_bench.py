@@ -174,6 +174,28 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     return out
 
 
+def _kernel_roofline(B: int, T: int, D: int) -> dict:
+    """The compiled full-layer kernels alone (``gla_forget_native``), float32, at B prompts: seconds per call and
+    GFLOP/s, with their flops counted per (prompt, token): forward 5D² multiply-adds (q, k, v; the state update;
+    o = S q), backward 16D² (pass 1: q, k, v, S, q̄, W̄_Q, z̄; pass 2: E, λ̄, S̄, k̄, v̄, W̄_K, W̄_V, z̄)."""
+    from iclab.models import gla_forget_native as native
+
+    rng = np.random.default_rng(0)
+    Z, dO = (rng.standard_normal((B, T, D)).astype(np.float32) for _ in range(2))
+    W = [(0.3 * rng.standard_normal((D, D))).astype(np.float32) for _ in range(3)]
+    out = {}
+    for name, call, fma in (("forward", lambda: native._host_layer_forward(Z, *W, 0.9), 5),
+                            ("backward", lambda: native._host_layer_backward(Z, *W, 0.9, dO), 16)):
+        call()
+        start = time.perf_counter()
+        for _ in range(3):
+            call()
+        seconds = (time.perf_counter() - start) / 3
+        out[f"layer_{name}_s"] = seconds
+        out[f"layer_{name}_gflops"] = 2 * fma * D * D * B * T / seconds / 1e9
+    return out
+
+
 def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "native"),
                 fig1_kernels: tuple[str, ...] = ("xla", "native")) -> dict:
     """Roofline of drift.fig1's and drift.fig2's paper training steps (module docstring).
@@ -186,13 +208,18 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
             first. The step loops use the paper presets' kernel (native: the read-out kernel, the native form).
     Returns:
         JSON-able dict: per setting the floor flops, sampling / loss-and-gradient / step seconds, achieved GFLOP/s
-        and their fraction of the matmul peak, XLA's counts, the forms' agreement; the peak; load and device.
+        and their fraction of the matmul peak, XLA's counts, the forms' agreement; the compiled layer kernels
+        alone (``native_layer_kernels``: seconds, GFLOP/s, fraction of the peak); the peak; load and device.
     """
     load_before = os.getloadavg()
     out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels)),
            "fig2": _setting("fig2", batch, steps, tuple(fig2_forms))}
     peak = matmul_peak_gflops()
-    for entry in out.values():
+    kernels = _kernel_roofline(out["fig2"]["batch"], out["fig2"]["T"], out["fig2"]["D"])
+    for name in ("forward", "backward"):
+        kernels[f"layer_{name}_fraction_of_matmul_peak"] = kernels[f"layer_{name}_gflops"] / peak
+    out["native_layer_kernels"] = kernels
+    for entry in (out["fig1"], out["fig2"]):
         entry["fraction_of_matmul_peak_step"] = entry["achieved_gflops_step"] / peak
         for f in entry["forms"].values():
             f["fraction_of_matmul_peak"] = f["achieved_gflops"] / peak

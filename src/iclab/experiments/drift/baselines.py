@@ -212,15 +212,13 @@ register(
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
         runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
-                 "paper": "1186 s on the idle 2-core machine (run 25 Nov 2026 after the joint-trainer migration; 463 s "
-                          "before it; the run takes 0.59 s per step, of which drawing the batch of 5 γ × 5000 prompts is most: "
-                          "0.46-0.60 s measured alone); 5/7 checks. The "
-                          "γ = 0.8 model rests on the rank-one saddle of the full weights (route share 0.9997, error "
-                          "0.277 vs Theorem 2's 0.245: the failing 3 % check, named by the saddle check), yet stays "
-                          "below both simulated filters (LMS 0.285, RLS 0.290) by 3 SE; it is 8.5 % above the paper's "
-                          "reported RLS there (0.256: the other failing check). The other four are within 0.8-1.9 % "
-                          "of Theorem 2 and below both filters. The simulated LMS/RLS match the reported ones within "
-                          "15 %. Before the migration: γ = 0.85 on the saddle, 4/7. `--set parametrisation=restricted` "
+                 "paper": "963 s on the idle 2-core machine (run 26 Nov 2026 with the compiled sampler and read-out "
+                          "kernel, kernel = sampler = native); 7/7 checks: every GLA(λ*) within 0.6-1.1 % of Theorem 2 "
+                          "(none on the rank-one saddle this time: route shares ≤ 0.0004), below both simulated filters "
+                          "(worst (GLA + 3 SE)/min(LMS, RLS) = 0.875 at γ = 0.8) and below the paper's reported ones; "
+                          "the simulated LMS/RLS match the reported values within 15 %. Before: 1186 s, 5/7 with XLA "
+                          "sampling (25 Nov 2026; the γ = 0.8 model then rested on the saddle, 8.5 % above the "
+                          "reported RLS); 463 s before the joint-trainer migration. `--set parametrisation=restricted` "
                           "(before the migration): 381 s, 7/7 checks, every GLA(λ*) within 0.3 % of Theorem 2"},
     )
 )

@@ -455,13 +455,17 @@ register(
         ],
         runtime={"quick": "≈ 18 s on the idle 2-core machine (estimated: 10 s measured at 300 steps before the held-out "
                           "matching; 34-50 s under load)",
-                 "paper": "1840-1887 s (two runs) on the idle 2-core machine; 13/15 checks. 15 of the 85 q/k/v "
-                          "models rest on the rank-one saddle (11-35 % above Theorem 2, all of them named by the "
-                          "saddle check; see the notes), the other 70 are within 0.1-1.9 %; (b-d) is 4.2 % below "
-                          "Theorem 3 at λ̄ = 1, m = 100, where the test error is steep in the weights' scale. "
-                          "`--set parametrisation=restricted`: 628 s, 13/13 before the joint-trainer migration of Nov 2026; "
-                          "after it, with the held-out matching: 1478 s, 17/18 (every matching and Bayes check passes: "
-                          "gap 0.4 % of Thm 2's error, cosine ≥ 0.996; (b-d) is 11.6 % above Theorem 3 at m = 50, "
-                          "λ̄ = 1, not yet explained)"},
+                 "paper": "1457 s on the 2-core machine (run 26 Nov 2026 with the compiled sampler and read-out "
+                          "kernel, kernel = sampler = native; the machine also ran short tests for part of it; "
+                          "`iclab bench drift`: 0.46 s per step); 17/19 checks. 12 of the 85 q/k/v models rest on "
+                          "the rank-one saddle (route share ≥ 0.998, 12-49 % above Theorem 2, all of them named by "
+                          "the saddle check); the other 73 are within 0.04-1.1 %. Both failing checks are saddle "
+                          "models: the worst gap (γ = 0.975, λ = 0.775) and the query-sensitivity cosine 0.965 "
+                          "at γ = 0.8 (its model nearest λ*, λ = 0.75, is on the saddle). (b-d) is within 2.5 % of "
+                          "Theorem 3. Before (XLA sampler and read-out, before the joint-trainer migration): "
+                          "1840-1887 s, 13/15, 15 models on the saddle. `--set parametrisation=restricted` "
+                          "(XLA, after the migration, with the held-out matching): 1478 s, 17/18 (every matching "
+                          "and Bayes check passes: gap 0.4 % of Thm 2's error, cosine ≥ 0.996; (b-d) is 11.6 % "
+                          "above Theorem 3 at m = 50, λ̄ = 1, not yet explained)"},
     )
 )

@@ -381,14 +381,15 @@ register(
             "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
         ],
         runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
-                 "paper": "not run to the end: ≈ 4.6 h on the idle 2-core machine. Measured there (forward + "
-                          "backward at batch 5000, float32): 2.5 s per step for the five 2-layer models and 5.5 s for "
-                          "the five 3-layer ones (the recurrent form is no faster: 2.3 / 4.9 s), so ≈ 8.3 s per Adam "
-                          "step in all. Earlier, on one core with the other busy: 18.8 s per step (≈ 10 h). A run of the "
-                          "paper preset with `--set lams=[0.85,0.95] --set depths=[1,2]` (paper's batch, steps and q/k/v "
-                          "weights): 1814 s idle, 8/9 checks. Train (a): 1-layer within 1.4 % of Theorem 2, 2-layer 8 % "
-                          "below the 1-layer optimum; test (b, m = 50 against training n = 100): the 2-layer model at "
-                          "λ = 0.95 is 4.2 % above the 1-layer optimum's Theorem 3 (0.789 ± 0.023 SE vs 0.757: heavy-tailed "
-                          "errors, 1.4 SE; the check compares point estimates), at λ = 0.85 8 % below"},
+                 "paper": "not run to the end: ≈ 90 min of training on the idle 2-core machine with the compiled "
+                          "kernels (kernel = sampler = native; `iclab bench drift`, 26 Nov 2026: 2.69 s per Adam step, "
+                          "against 12.3 s in XLA's parallel form), plus evaluation; shards (one per (depth, λ) model, "
+                          "and `star`) split it over workers. A run of the paper preset with `--set lams=[0.85,0.95] "
+                          "--set depths=[1,2]` (paper's batch, steps and q/k/v weights, XLA forms, before the "
+                          "compiled kernels): 1814 s idle, 8/9 checks. Train (a): 1-layer within 1.4 % of Theorem 2, "
+                          "2-layer 8 % below the 1-layer optimum; test (b, m = 50 against training n = 100): the "
+                          "2-layer model at λ = 0.95 is 4.2 % above the 1-layer optimum's Theorem 3 (0.789 ± 0.023 SE "
+                          "vs 0.757: heavy-tailed errors, 1.4 SE; the check compares point estimates), at λ = 0.85 8 % "
+                          "below"},
     )
 )
