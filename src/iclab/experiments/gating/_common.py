@@ -50,7 +50,7 @@ from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param
 from iclab.experiments._plot import COLORS
 from iclab.models import get_model, model_families
-from iclab.models import gla
+from iclab.models import gla, gla_native
 from iclab.progress import task
 from iclab.tasks import multitask as mt
 from iclab.tasks import standard_normal
@@ -164,6 +164,11 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "gating.fig1's 1300 models at 2.32 s per Adam step against 7.57 s padded (measured on the idle 2-core "
         "machine, 25 Nov 2026); 'padded' traces one graph whatever the grid's length (its compile time against "
         "'separate' on long grids was not measured)")
+    kernel: Literal["xla", "native"] = param(
+        "xla", "how the one-layer models' training loss and gradient are computed: xla (gla.predict_last under "
+        "autodiff, in nbar_layout) or native (the compiled CPU kernel models.gla_native.query_mse_grid: every n̄ "
+        "read at its own length from one token tensor drawn at the largest n̄; equal to float rounding)", paper=None,
+        paper_note="implementation choice; gating.fig1's paper preset uses native (one-layer families only)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",
@@ -332,6 +337,23 @@ def _tokens(prompts, contexts, n_bar: int, n_max: int, config: TaskConfig, need:
     return out
 
 
+#: The families whose training loss the native kernel computes (one layer read at the query).
+NATIVE_FAMILIES = ("linatt", "gla", "gla_wo", "gla_vector")
+
+
+def native_positions(n_max: int, n_bars: Sequence[int], delimiters: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token positions of each n̄'s prompt inside the prompt drawn at n_max (the last n̄ samples of each block,
+    the delimiters, the query): ``gla_native.subsequence_positions`` of the native kernel. Returns
+    ((G, T_max), (G,))."""
+    data_pos, delim_pos = gla.token_layout([n_max] * K, delimiters)
+    T = K * n_max + (K if delimiters else 0) + 1
+    keep = []
+    for nb in n_bars:
+        kept = data_pos[mt.padding_mask([n_max] * K, [nb] * K) > 0]
+        keep.append(np.sort(np.concatenate([kept, delim_pos, [T - 1]])))
+    return gla_native.subsequence_positions(keep)
+
+
 def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
     """The members of one kind: init through the registry, and the loss of the whole (panel, n̄) grid."""
     family = get_model(kind.family)
@@ -343,6 +365,19 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
     def init(key, setting):
         params = family.init(key, D=D, std=config.init_std, dtype=dt, **kind.options)
         return add_identity(params, config.init_identity, d)
+
+    if config.kernel == "native":
+        if kind.family not in NATIVE_FAMILIES:
+            raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} "
+                             f"(got {kind.family!r}); use kernel 'xla'")
+        n_max = masks["n_max"]
+        positions, lengths = native_positions(n_max, config.n_bars, fmt == "delim")
+
+        def native_loss(params, batch, settings):  # one token tensor at n_max per format, (P, B, T_max, D)
+            return gla_native.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
+                                             lengths=lengths, rows=kind.panels, label=d)
+
+        return Members(init, native_loss, member_ids(kind, panels, config.n_bars))
 
     def one(params, Z, y, mask=None):
         return jnp.mean((family.predict(params, Z, mask, label=d) - y) ** 2)
@@ -382,12 +417,12 @@ def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, 
     sigma = float(np.sqrt(config.sigma2))
     padded = config.nbar_layout == "padded"
     masks = {"delim": jnp.asarray(token_masks(n_max, n_bars, True), dt),
-             "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt)}
+             "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt), "n_max": n_max}
 
     def sampler(key, aux):
         # one key for every panel: the panels share x and the task normals G
         pr = jax.vmap(lambda L: mt.sample_blocks(key, config.batch, [n_max] * K, L, None, sigma, d=d, dtype=dt))(factors)
-        if padded:  # one token tensor at n̄_max; the models of smaller n̄ mask the first samples of each block
+        if padded or config.kernel == "native":  # one token tensor at n̄_max; smaller n̄ mask or skip samples
             return {"tokens": _tokens(pr, aux["contexts"], n_max, n_max, config, need), "y": pr.y_query}
         # one token tensor per n̄ (the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}

@@ -1,0 +1,535 @@
+"""The training loss of a grid of one-layer GLA models read at the query, as a compiled CPU kernel (numba).
+
+For member m of a grid, reading prompt row r_m of a token tensor Z (R, B, T_max, D) cut to the token positions
+``positions[g, :lengths[g]]`` of its prompt length g (the query last), with its own weights θ_mg, the kernel
+computes the mean squared error over the B prompts and its gradient in every weight:
+
+    ℓ_mg = (1/B) Σ_b (ŷ_mgb − y_rb)²,   ŷ = Σ_t ω_t s_t v_t  (scalar or no gates, label read-out)
+                                        ŷ = Σ_t s_t Σ_r h_r ω_tr v_tr  (vector gates, head h),
+
+with s_t = k_tᵀ q_T = z_tᵀ c, c = W_K W_Qᵀ z_T (the query seen through the keys), v_t = W_Vᵀ z_t (its label
+coordinate without a head), and the query weights ω_t = Π_{u>t} φ(w_gᵀ z_u) (scalar), ω_tr = Π_{u>t} φ(W_g z_u)_r
+(vector), ω ≡ 1 without gates: :func:`iclab.models.gla.predict_last`, the XLA form this kernel is tested
+against. Per prompt (CH prompts at a time, prompt-minor so the loops over prompts vectorise):
+
+- forward, t ascending: s_t, v_t and the gates φ and 1 − φ = φ(−a) (kept); t descending: ω and ŷ;
+- e = 2(ŷ − y)/B, the loss's derivative in ŷ;
+- backward, t ascending, with the prefix sums P_t = Σ_{j<t} ∂ŷ/∂log ω_j·(…) of the contributions
+  ℓ_j = ω_j s_j v_j (∂ŷ/∂log φ_t = Σ_{j<t} ℓ_j, and ∂log φ(a)/∂a = φ(−a)):
+  c̄ += e ω_t v_t z_t, v̄ = e ω_t s_t (W̄_V += v̄ z_tᵀ), w̄_g += e φ(−a_t) P_t z_t (per gate row for vector gates),
+  h̄ += e ω_t v_t s_t; then W̄_K = Σ_b c̄ qᵀ, W̄_Q = Σ_b z_T (W_Kᵀ c̄)ᵀ.
+
+O(T·D) per prompt with scalar or no gates, O(T·D²) with vector gates, and no (T, T) matrix. Each block of
+prompts writes its own partial sums (summed over blocks in a fixed order by the caller), so the result does not
+depend on the thread count. The loss is a custom VJP whose forward computes the gradient too (training always
+needs both); it runs inside jitted JAX code through ``jax.pure_callback`` (CPU only: on a GPU use the XLA form).
+
+Why a kernel: in XLA these contractions (T ≤ 103 by D = 16, batched over 256 prompts and thousands of models)
+are a sequence of passes over the token tensor, memory bound, and the query weights cost a (T, T) product;
+gating.fig1's paper step took 2.1 s, most of it the vector-gated models (``iclab bench gating``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclab.models import gla
+from iclab.threads import thread_count
+
+__all__ = ["query_mse_grid", "subsequence_positions"]
+
+#: Prompts per block: the block's tokens and per-token buffers stay in cache (T_max·D·CH floats each).
+CHUNK = 32
+
+# Reassociation and FMA contraction let LLVM vectorise over the prompts of a block (no 'nnan'/'ninf': a
+# diverging run gives NaN and inf as the XLA form does).
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+def subsequence_positions(keep: list) -> tuple[np.ndarray, np.ndarray]:
+    """Pads lists of token positions into the (G, T_max) positions and (G,) lengths the kernel reads.
+
+    Args:
+        keep: G increasing sequences of token positions, each ending with the query's.
+    Returns:
+        (positions (G, T_max) int64, zero-padded; lengths (G,) int64).
+    """
+    T = max(len(k) for k in keep)
+    pos = np.zeros((len(keep), T), dtype=np.int64)
+    for g, k in enumerate(keep):
+        k = np.asarray(k, dtype=np.int64)
+        if k.size == 0 or np.any(np.diff(k) <= 0) or k[0] < 0:
+            raise ValueError("each prompt's positions must be a nonempty increasing sequence of indices >= 0")
+        pos[g, :k.size] = k
+    return pos, np.asarray([len(k) for k in keep], dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels (source generated per token width D: loops over D have a constant trip count)
+
+_COMMON = """
+def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, first, stop):
+    S_, R, B, Tmax, _ = Z.shape
+    M = rows.shape[0]
+    G = lens.shape[0]
+    NB = (B + CH - 1) // CH
+    dt = Z.dtype
+    one = F(1.0)
+    two_inv_B = F(2.0) / F(B)
+    inv_B = one / F(B)
+    zb = np.empty((Tmax, D, CH), dt)
+    st = np.empty((Tmax, CH), dt)
+    q = np.empty((D, CH), dt)
+    c = np.empty((D, CH), dt)
+    dc = np.empty((D, CH), dt)
+    dq = np.empty((D, CH), dt)
+    yh = np.empty(CH, dt)
+    e = np.empty(CH, dt)
+    xc = np.empty(CH, dt)
+{buffers}
+    for job in range(first, stop):
+        blk = job % NB
+        g = (job // NB) % G
+        m = (job // (NB * G)) % M
+        s = job // (NB * G * M)
+        b0 = blk * CH
+        n = min(CH, B - b0)
+        T = lens[g]
+        r = rows[m]
+        for b in range(n):
+            for t in range(T):
+                p = pos[g, t]
+                for f in range(D):
+                    zb[t, f, b] = Z[s, r, b0 + b, p, f]
+        zq = zb[T - 1]
+        # q = W_Qᵀ z_T, c = W_K q: s_t = z_tᵀ c
+        q[:, :n] = 0.0
+        for f in range(D):
+            for j in range(D):
+                w = Wq[s, m, g, f, j]
+                for b in range(n):
+                    q[j, b] += w * zq[f, b]
+        c[:, :n] = 0.0
+        for f in range(D):
+            for j in range(D):
+                w = Wk[s, m, g, f, j]
+                for b in range(n):
+                    c[f, b] += w * q[j, b]
+{body}
+        # W̄_K = Σ_b c̄ qᵀ, q̄ = W_Kᵀ c̄, W̄_Q = Σ_b z_T q̄ᵀ
+        dq[:, :n] = 0.0
+        for f in range(D):
+            for j in range(D):
+                w = Wk[s, m, g, f, j]
+                acc = F(0.0)
+                for b in range(n):
+                    acc += dc[f, b] * q[j, b]
+                    dq[j, b] += w * dc[f, b]
+                gk[s, m, g, blk, f, j] = acc
+        for f in range(D):
+            for j in range(D):
+                acc = F(0.0)
+                for b in range(n):
+                    acc += zq[f, b] * dq[j, b]
+                gq[s, m, g, blk, f, j] = acc
+"""
+
+# Scalar gates (GATED) or none, label read-out: ŷ = Σ_t ω_t s_t v_t, v_t = z_tᵀ (W_V)_{:,label}.
+_SCALAR_BUFFERS = """
+    vt = np.empty((Tmax, CH), dt)
+    gt = np.empty((Tmax, CH), dt)
+    sm = np.empty((Tmax, CH), dt)
+    om = np.empty((Tmax, CH), dt)
+    at = np.empty(CH, dt)
+    ob = np.empty(CH, dt)
+    pre = np.empty(CH, dt)
+    xu = np.empty(CH, dt)
+    xw = np.empty(CH, dt)
+    du = np.empty((D, CH), dt)
+    dw = np.empty((D, CH), dt)
+    u = np.empty(D, dt)
+    wg = np.empty(D, dt)
+"""
+
+_SCALAR_BODY = """
+        for f in range(D):
+            u[f] = Wv[s, m, g, f, label]
+            wg[f] = Wg[s, m, g, f]
+        for t in range(T):
+            zt = zb[t]
+            st[t, :n] = 0.0
+            vt[t, :n] = 0.0
+            at[:n] = 0.0
+            for f in range(D):
+                uf = u[f]
+                wf = wg[f]
+                for b in range(n):
+                    z = zt[f, b]
+                    st[t, b] += c[f, b] * z
+                    vt[t, b] += uf * z
+                    at[b] += wf * z
+            if GATED:
+                for b in range(n):
+                    a = at[b]
+                    x = np.exp(-abs(a))
+                    den = one / (one + x)
+                    if a >= 0:
+                        gt[t, b] = den
+                        sm[t, b] = x * den
+                    else:
+                        gt[t, b] = x * den
+                        sm[t, b] = den
+        ob[:n] = one
+        yh[:n] = 0.0
+        for t in range(T - 1, -1, -1):
+            for b in range(n):
+                om[t, b] = ob[b]
+                yh[b] += ob[b] * st[t, b] * vt[t, b]
+                if GATED:
+                    ob[b] *= gt[t, b]
+        lsum = F(0.0)
+        for b in range(n):
+            err = yh[b] - y[s, r, b0 + b]
+            lsum += err * err
+            e[b] = two_inv_B * err
+        loss[s, m, g, blk] = lsum * inv_B
+        dc[:, :n] = 0.0
+        du[:, :n] = 0.0
+        dw[:, :n] = 0.0
+        pre[:n] = 0.0
+        for t in range(T):
+            zt = zb[t]
+            for b in range(n):
+                eo = e[b] * om[t, b]
+                xc[b] = eo * vt[t, b]
+                xu[b] = eo * st[t, b]
+                if GATED:
+                    xw[b] = e[b] * sm[t, b] * pre[b]
+                    pre[b] += om[t, b] * st[t, b] * vt[t, b]
+            for f in range(D):
+                for b in range(n):
+                    z = zt[f, b]
+                    dc[f, b] += xc[b] * z
+                    du[f, b] += xu[b] * z
+                    if GATED:
+                        dw[f, b] += xw[b] * z
+        for f in range(D):
+            a1 = F(0.0)
+            a2 = F(0.0)
+            for b in range(n):
+                a1 += du[f, b]
+                a2 += dw[f, b]
+            gv[s, m, g, blk, f, 0] = a1
+            gg[s, m, g, blk, f] = a2
+"""
+
+# Vector gates φ(W_g z)_r and a head h: ŷ = Σ_t s_t Σ_r h_r ω_tr v_tr. The D² work per token (values, gate logits
+# and their two weight gradients) is four matrix products over the block's T·n (token, prompt) rows, done by BLAS
+# (np.dot); the recurrences over t run on rows of D gates.
+_VECTOR_KERNEL = """
+def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, first, stop):
+    S_, R, B, Tmax, _ = Z.shape
+    M = rows.shape[0]
+    G = lens.shape[0]
+    NB = (B + CH - 1) // CH
+    dt = Z.dtype
+    one = F(1.0)
+    two_inv_B = F(2.0) / F(B)
+    inv_B = one / F(B)
+    zr = np.empty((Tmax * CH, D), dt)
+    V = np.empty((Tmax * CH, D), dt)
+    L = np.empty((Tmax * CH, D), dt)
+    SM = np.empty((Tmax * CH, D), dt)
+    XV = np.empty((Tmax * CH, D), dt)
+    XG = np.empty((Tmax * CH, D), dt)
+    st = np.empty(Tmax * CH, dt)
+    xc = np.empty(Tmax * CH, dt)
+    q = np.empty((CH, D), dt)
+    c = np.empty((CH, D), dt)
+    dc = np.empty((CH, D), dt)
+    dq = np.empty((CH, D), dt)
+    ob = np.empty((CH, D), dt)
+    ya = np.empty((CH, D), dt)
+    pre = np.empty((CH, D), dt)
+    dh = np.empty((CH, D), dt)
+    e = np.empty(CH, dt)
+    hh = np.empty(D, dt)
+    WgT = np.empty((D, D), dt)
+    for job in range(first, stop):
+        blk = job % NB
+        g = (job // NB) % G
+        m = (job // (NB * G)) % M
+        s = job // (NB * G * M)
+        b0 = blk * CH
+        n = min(CH, B - b0)
+        T = lens[g]
+        r = rows[m]
+        N = T * n
+        # rows i = t·n + b (token-major), features contiguous
+        for b in range(n):
+            for t in range(T):
+                p = pos[g, t]
+                i = t * n + b
+                for f in range(D):
+                    zr[i, f] = Z[s, r, b0 + b, p, f]
+        Wvm = np.ascontiguousarray(Wv[s, m, g])
+        for j in range(D):
+            hh[j] = h[s, m, g, j]
+            for f in range(D):
+                WgT[f, j] = Wg[s, m, g, j, f]
+        Wqm = Wq[s, m, g]
+        Wkm = Wk[s, m, g]
+        # q = W_Qᵀ z_T, c = W_K q per prompt
+        for b in range(n):
+            i = (T - 1) * n + b
+            for j in range(D):
+                a = F(0.0)
+                for f in range(D):
+                    a += zr[i, f] * Wqm[f, j]
+                q[b, j] = a
+            for f in range(D):
+                a = F(0.0)
+                for j in range(D):
+                    a += Wkm[f, j] * q[b, j]
+                c[b, f] = a
+        np.dot(zr[:N], Wvm, V[:N])
+        np.dot(zr[:N], WgT, L[:N])
+        for i in range(N):
+            b = i % n
+            a = F(0.0)
+            for f in range(D):
+                a += zr[i, f] * c[b, f]
+            st[i] = a
+            for j in range(D):
+                a = L[i, j]
+                x = np.exp(-abs(a))
+                den = one / (one + x)
+                L[i, j] = den if a >= 0 else x * den
+                SM[i, j] = x * den if a >= 0 else den
+        # descending: ω (kept in XV until the backward pass overwrites it) and ŷ
+        ob[:n] = one
+        ya[:n] = 0.0
+        for t in range(T - 1, -1, -1):
+            for b in range(n):
+                i = t * n + b
+                sv = st[i]
+                for j in range(D):
+                    o = ob[b, j]
+                    XV[i, j] = o
+                    ya[b, j] += o * V[i, j] * sv
+                    ob[b, j] = o * L[i, j]
+        lsum = F(0.0)
+        for b in range(n):
+            a = F(0.0)
+            for j in range(D):
+                a += hh[j] * ya[b, j]
+            err = a - y[s, r, b0 + b]
+            lsum += err * err
+            e[b] = two_inv_B * err
+        loss[s, m, g, blk] = lsum * inv_B
+        # ascending: prefix sums P of the contributions h_r ω v s, and the rows' cotangents
+        pre[:n] = 0.0
+        dh[:n] = 0.0
+        dc[:n] = 0.0
+        for t in range(T):
+            for b in range(n):
+                i = t * n + b
+                eb = e[b]
+                sv = st[i]
+                a = F(0.0)
+                for j in range(D):
+                    o = XV[i, j]
+                    ov = o * V[i, j]
+                    a += hh[j] * ov
+                    dh[b, j] += ov * sv
+                    XG[i, j] = eb * SM[i, j] * pre[b, j]
+                    pre[b, j] += hh[j] * ov * sv
+                    XV[i, j] = eb * hh[j] * o * sv
+                xc[i] = eb * a
+        for i in range(N):
+            b = i % n
+            a = xc[i]
+            for f in range(D):
+                dc[b, f] += a * zr[i, f]
+        zT = zr[:N].T
+        gv[s, m, g, blk] = np.dot(zT, XV[:N])
+        gg[s, m, g, blk] = np.dot(XG[:N].T, zr[:N])
+        for j in range(D):
+            a = F(0.0)
+            for b in range(n):
+                a += e[b] * dh[b, j]
+            gh[s, m, g, blk, j] = a
+        # W̄_K = Σ_b c̄ qᵀ, q̄ = W_Kᵀ c̄, W̄_Q = Σ_b z_T q̄ᵀ
+        for b in range(n):
+            for j in range(D):
+                a = F(0.0)
+                for f in range(D):
+                    a += Wkm[f, j] * dc[b, f]
+                dq[b, j] = a
+        for f in range(D):
+            for j in range(D):
+                a1 = F(0.0)
+                a2 = F(0.0)
+                for b in range(n):
+                    a1 += dc[b, f] * q[b, j]
+                    a2 += zr[(T - 1) * n + b, f] * dq[b, j]
+                gk[s, m, g, blk, f, j] = a1
+                gq[s, m, g, blk, f, j] = a2
+"""
+
+
+def _source(kind: str) -> str:
+    if kind == "vector":
+        return _VECTOR_KERNEL
+    return _COMMON.format(buffers=_SCALAR_BUFFERS, body=_SCALAR_BODY)
+
+
+@functools.cache
+def _kernel(kind: str, D: int, dtype: str):
+    """The kernel of one gating kind (``none``, ``scalar``, ``vector``) for width D and a float dtype (compiled on
+    first use, a few seconds). Serial code; threads split the jobs (``_run_jobs``)."""
+    import numba
+
+    namespace = {"np": np, "CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none"}
+    exec(compile(_source(kind), f"<iclab GLA query-loss kernel, {kind}, D={D}>", "exec"), namespace)
+    return numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)(namespace["kernel"])
+
+
+def _run_jobs(kernel, jobs: int, *args) -> None:
+    """kernel(*args, first, stop) over jobs [0, jobs), split into contiguous runs, one per thread."""
+    threads = max(1, min(thread_count(), jobs))
+    if threads == 1:
+        kernel(*args, 0, jobs)
+        return
+    bounds = [jobs * i // threads for i in range(threads + 1)]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernel releases the GIL
+        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+
+
+def _readonly(a, dtype) -> np.ndarray:
+    """A read-only C-contiguous array (one compiled signature per dtype, whichever way the callback's arrays come)."""
+    a = np.ascontiguousarray(a, dtype=dtype).view()
+    a.flags.writeable = False
+    return a
+
+
+def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
+    """The callback: (loss (…, M, G), grads) of one grid, with or without a leading seed axis (vmap)."""
+
+    def call(Z, y, Wq, Wk, Wv, Wg, h):
+        batched = Z.ndim == 5
+        dt = np.dtype(Z.dtype)
+        arrs = [Z, y, Wq, Wk, Wv, Wg, h]
+        if not batched:
+            arrs = [a[None] for a in arrs]
+        Z, y, Wq, Wk, Wv, Wg, h = (_readonly(a, dt) for a in arrs)
+        S, R, B, _, D = Z.shape
+        M, G = Wq.shape[1:3]
+        NB = -(-B // CHUNK)
+        loss = np.empty((S, M, G, NB), dt)
+        gq = np.empty((S, M, G, NB, D, D), dt)
+        gk = np.empty_like(gq)
+        gv = np.empty((S, M, G, NB, D, D if kind == "vector" else 1), dt)
+        gg = np.empty((S, M, G, NB) + Wg.shape[3:], dt)
+        gh = np.empty((S, M, G, NB, D), dt)
+        _run_jobs(_kernel(kind, D, dt.name), S * M * G * NB, Z, y, positions, lengths, rows, Wq, Wk, Wv, Wg, h,
+                  label, loss, gq, gk, gv, gg, gh)
+        out = [loss.sum(axis=3), gq.sum(axis=3), gk.sum(axis=3)]  # blocks in order
+        gv = gv.sum(axis=3)
+        if kind != "vector":  # only the label column of W_V is read
+            full = np.zeros((S, M, G, D, D), dt)
+            full[..., label] = gv[..., 0]
+            gv = full
+        out += [gv, gg.sum(axis=3), gh.sum(axis=3)]
+        return tuple(o if batched else o[0] for o in out)
+
+    return call
+
+
+@functools.cache
+def _grid_loss(kind: str, head: bool, label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple):
+    """The custom-VJP loss of one grid layout (cached: one traced function per layout)."""
+    pos = np.frombuffer(positions, dtype=np.int64).reshape(pshape)
+    host = _host(kind, label, pos, np.asarray(lengths, np.int64), np.asarray(rows, np.int64))
+
+    def call(params, Z, y):
+        dt = Z.dtype
+        M, G = params["Wq"].shape[:2]
+        D = Z.shape[-1]
+        Wg = params["w_g"] if kind == "scalar" else params["W_g"] if kind == "vector" else jnp.zeros((M, G, D), dt)
+        h = params["h"] if head else jnp.zeros((M, G, D), dt)
+        args = [Z, y, params["Wq"], params["Wk"], params["Wv"], Wg, h]
+        args = [jnp.asarray(a, dt) for a in args]
+        shapes = (jax.ShapeDtypeStruct((M, G), dt),) + tuple(
+            jax.ShapeDtypeStruct(a.shape, dt) for a in args[2:])
+        out = jax.pure_callback(host, shapes, *args, vmap_method="broadcast_all")
+        grads = {"Wq": out[1], "Wk": out[2], "Wv": out[3]}
+        if kind == "scalar":
+            grads["w_g"] = out[4]
+        elif kind == "vector":
+            grads["W_g"] = out[4]
+        if head:
+            grads["h"] = out[5]
+        return out[0], {name: grads[name].astype(params[name].dtype) for name in params}
+
+    @jax.custom_vjp
+    def loss(params, Z, y):
+        return call(params, Z, y)[0]
+
+    def fwd(params, Z, y):
+        value, grads = call(params, Z, y)
+        return value, (grads, Z, y)
+
+    def bwd(res, ct):
+        grads, Z, y = res
+        scaled = {name: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype)
+                  for name, g in grads.items()}
+        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
+
+    loss.defvjp(fwd, bwd)
+    return loss
+
+
+def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.ndarray, lengths: np.ndarray,
+                   rows, label: int) -> jax.Array:
+    """Mean squared query errors of a (M, G) grid of one-layer GLA models (module docstring), by the compiled kernel.
+
+    Member (m, g) reads row ``rows[m]`` of Z at the token positions ``positions[g, :lengths[g]]`` (the query
+    last) and is compared with ``y[rows[m]]``; its loss equals ``mean((gla.predict_last(θ_mg, Z_g, label=label)
+    − y)²)``. Differentiable in the params (custom VJP: the forward computes the gradient too); Z and y are
+    data. Runs on the host through ``jax.pure_callback`` (vmap: one call for every mapped instance).
+
+    Args:
+        params: one layer's params (``gla.init_params``: Wq, Wk, Wv (D, D), w_g (D,) or W_g (D, D), optional
+            head h (D,); a head only with vector gates) with leading (M, G) axes.
+        Z: (R, B, T_max, D) tokens; y: (R, B) targets.
+        positions: (G, T_max) int token positions of each prompt length (``subsequence_positions``).
+        lengths: (G,) int prompt lengths.
+        rows: (M,) ints, the row of Z each member reads.
+        label: index of the label coordinate (the read-out without a head).
+    Returns:
+        (M, G) losses in Z's dtype.
+    """
+    kind = gla.gating(params)
+    head = "h" in params
+    if head != (kind == "vector"):
+        raise ValueError("the kernel reads vector-gated models with a head, and scalar or ungated ones at the label "
+                         f"coordinate (got gating {kind!r} with{'' if head else 'out'} a head)")
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    M, G = params["Wq"].shape[:2]
+    if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
+        raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
+    if positions.shape[1] > Z.shape[-2] or np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]):
+        raise ValueError("token positions out of the prompts' range")
+    if np.any(rows < 0) or np.any(rows >= Z.shape[-4]):
+        raise ValueError("rows out of Z's range")
+    fn = _grid_loss(kind, head, int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
+                    tuple(int(v) for v in rows))
+    return fn(params, Z, y)
