@@ -13,7 +13,8 @@ BENCHMARKS = {
                 "Fig 4 setting (D=8, H=9, R=1, N=31, P=80000): sampled full-batch GD vs the moments engine"),
     "gating": ("iclab.experiments.gating._bench", "bench_gating",
                "Fig 1a setting at n̄ = 50 (d=10, p=5, T=103, batch 256): Adam steps/s, fast (query-only) vs per-token "
-               "recurrent GLA, 1 and 10 seeds"),
+               "recurrent GLA, 1 and 10 seeds; gating.fig1's paper step (1600 models) against its flop floor, XLA "
+               "against the compiled (native) loss kernel"),
     "mhsa": ("iclab.experiments.mhsa._bench", "bench_mhsa", "Fig 1 setting (H=I=3, d=30, L=100, batch 4096): SGD steps/s, full vs spectral model, 1 and 6 seeds"),
     "drift": ("iclab.experiments.drift._bench", "bench_drift",
               "drift.fig1 and drift.fig2 paper steps (d=10, n=100, batch 5000, qkv, AdamW, float32): sampling, loss and "

@@ -1,6 +1,7 @@
 """gating.fig1: the pure helpers of the experiment, the checks on synthetic results (they pass on the theory
 curves and fail when a claim is broken), and one tiny run through run -> checks -> plot."""
 
+import jax
 import matplotlib
 import numpy as np
 import pydantic
@@ -146,3 +147,28 @@ def test_tiny_run_checks_and_plot():
     assert checks and all(np.isfinite(c.measured) for c in checks)
     fig = fig1.plot_fig1(cfg, r)
     assert len(fig.axes) == 2
+
+
+def test_native_kernel_trains_the_same_models_as_xla():
+    """kernel 'native' (one token tensor at the largest n̄, each n̄ read at its own positions by the compiled loss)
+    against the XLA separate layout: the same members, batches and updates, float64, every Fig 1 family, two
+    seeds (the trainer vmaps them through one callback), per-member clipping."""
+    base = dict(d=2, p=3, n_bars=[0, 1, 3], panels=["a", "d"], vector_panels=["d"], steps=4, lr=0.05, batch=8,
+                seeds=2, record_every=2, dtype="float64", clip_norm=0.5)
+    out = {}
+    for kernel in ("xla", "native"):
+        cfg = fig1.Fig1Config(kernel=kernel, **base)
+        out[kernel] = C.train_models(cfg, fig1._models(cfg), cfg.panel_values(), None)
+    (tr_x, par_x), (tr_n, par_n) = out["xla"], out["native"]
+    np.testing.assert_allclose(tr_n.loss, tr_x.loss, rtol=1e-11)
+    assert set(par_n) == {"linatt", "gla", "gla_wo", "gla_vector"}
+    for name in par_x:
+        for a, b in zip(jax.tree_util.tree_leaves(par_n[name]), jax.tree_util.tree_leaves(par_x[name])):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_native_kernel_refuses_multilayer_models():
+    cfg = fig1.Fig1Config(d=2, p=3, n_bars=[0, 1], kernel="native", steps=1, batch=2, seeds=1)
+    kind = C.Kind("gla_multilayer", "scalar", (0,), 0, {"layers": 2})
+    with pytest.raises(ValueError, match="one-layer"):
+        C.train_models(cfg, {"gla_2": kind}, cfg.panel_values(), None)

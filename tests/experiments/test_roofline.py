@@ -42,3 +42,30 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
                 assert f["xla_flops_loss_grad"] >= entry["floor_flops_per_step"], (name, form)
             assert f["grad_max_rel_diff"] < 1e-4, (name, form)  # float32 rounding of one model in two forms
         assert entry["step_s"] > 0 and 0 < entry["fraction_of_matmul_peak_step"]
+
+
+def test_gating_fig1_floor_counts_each_model_by_its_gating_and_length():
+    from iclab.experiments.gating import fig1
+    from iclab.experiments.gating._bench import fig1_floor_flops_per_step
+
+    cfg = fig1.Fig1Config(d=10, p=5, n_bars=[0, 50], models=["gla"], panels=["a"], vector_panels=[], batch=1, seeds=1)
+    D = 16
+    # query through the keys 4D², per token: score, label value, gate logit (6D); backward twice the forward
+    assert fig1_floor_flops_per_step(cfg, fig1._models(cfg)) == 3 * (4 * D * D + 3 * 6 * D) + 3 * (4 * D * D + 103 * 6 * D)
+    vec = cfg.model_copy(update={"models": ["gla_vector"], "vector_panels": ["a"], "n_bars": [50], "seeds": 2})
+    assert fig1_floor_flops_per_step(vec, fig1._models(vec)) == 2 * 3 * (4 * D * D + 103 * (2 * D + 4 * D * D))
+    wo = cfg.model_copy(update={"models": ["gla_wo", "linatt"], "n_bars": [50], "batch": 3})
+    assert fig1_floor_flops_per_step(wo, fig1._models(wo)) == 3 * 3 * (4 * 11 * 11 + 101 * 6 * 11) + \
+        3 * 3 * (4 * D * D + 103 * 4 * D)
+
+
+@pytest.mark.slow
+def test_gating_fig1_paper_bench_floor_is_below_what_xla_executes_and_kernels_agree():
+    from iclab.experiments.gating._bench import bench_fig1_paper
+
+    r = bench_fig1_paper(steps=1, seeds=2, batch=8)
+    assert r["models"] == 2 * 16 * 10 and r["step_kernel"] == "native"
+    assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
+    assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e-4  # float32 rounding of one grid in two kernels
+    assert r["kernels"]["native"]["loss_rel_diff"] < 1e-5
+    assert r["step_s"] > 0 and r["training_estimate_s"] == pytest.approx(10_000 * r["step_s"])

@@ -436,7 +436,7 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
         gk = np.empty_like(gq)
         gv = np.empty((S, M, G, NB, D, D if kind == "vector" else 1), dt)
         gg = np.empty((S, M, G, NB) + Wg.shape[3:], dt)
-        gh = np.empty((S, M, G, NB, D), dt)
+        gh = (np.empty if kind == "vector" else np.zeros)((S, M, G, NB, D), dt)  # only a head has a gradient
         _run_jobs(_kernel(kind, D, dt.name), S * M * G * NB, Z, y, positions, lengths, rows, Wq, Wk, Wv, Wg, h,
                   label, loss, gq, gk, gv, gg, gh)
         out = [loss.sum(axis=3), gq.sum(axis=3), gk.sum(axis=3)]  # blocks in order

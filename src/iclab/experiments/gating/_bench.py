@@ -24,11 +24,22 @@ count for products), so a step needs batch · 3(6TD + 4D²) flops, ≈ 3.3·10�
 D = 16; Adam's O(D²) and the sampling are not counted. Reported: that floor per step, XLA's count of
 the compiled loss-and-gradient (sampling included), the achieved GFLOP/s (floor / measured step),
 and a float32 matmul's GFLOP/s measured in the same run.
+
+The paper step of gating.fig1 (``fig1_paper``): every model of the paper preset (4 kinds × 4 panels × 10 n̄ ×
+10 seeds), batch 256, one Adam step: the fresh batch, the summed loss and gradient in each kernel (``xla``:
+``gla.predict_last`` under autodiff, each n̄ at its own length; ``native``: ``gla_native.query_mse_grid``), and
+the whole step in the preset's kernel. Floor per prompt and model, forward (backward twice that; tokens need
+no gradient), with T = 2n̄ + 3 tokens (2n̄ + 1 without delimiters) of width D: the query through the keys
+c = W_K W_Qᵀ z_T (4D²), then per token the score z_tᵀc (2D) and: the label value (2D) without gates; the label
+value and the gate logit (4D) with scalar gates; all D values and D gate logits (4D²) with vector gates.
+So batch · Σ_models 3(4D² + T·{4D, 6D, 2D + 4D²}) flops per step (``fig1_floor_flops_per_step``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +65,7 @@ def _loss_fn(form: str, n_bar: int, d: int, contexts, batch: int, dtype):
 
 
 def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, seeds: int = 10, steps: int = 20,
-                 lr: float = 1e-3) -> dict:
+                 lr: float = 1e-3, fig1_paper: dict | None = None) -> dict:
     """Steps per second of the fast and the recurrent form, 1 seed and ``seeds`` seeds vmapped.
 
     Args:
@@ -63,10 +74,13 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         batch: fresh prompts per step (the paper's 256).
         seeds: seeds of the vmapped runs.
         steps: steps per timed call.
+        fig1_paper: keywords of :func:`bench_fig1_paper` (None: its defaults, the paper preset's step).
     Returns:
         JSON-able dict: steps/s and seconds per step of each (form, seeds), their ratio, compile+first-call
         seconds, the fast form's floor flops, achieved GFLOP/s and fraction of the measured matmul peak,
-        the roofline figures (module docstring), the largest relative difference of loss and gradient between the forms, load and device.
+        the roofline figures (module docstring), the largest relative difference of loss and gradient between the
+        forms, gating.fig1's paper step (``fig1_paper``: :func:`bench_fig1_paper`, with fractions of the peak), load
+        and device.
     """
     load_before = os.getloadavg()
     dtype = jnp.float32
@@ -104,6 +118,10 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         entry["floor_flops_per_step"] = S * batch * floor_per_prompt
         entry["achieved_gflops"] = entry["floor_flops_per_step"] / entry["s_per_step"] / 1e9
         entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
+    paper = bench_fig1_paper(**(fig1_paper or {}))
+    for entry in [paper] + list(paper["kernels"].values()):
+        key_ = "achieved_gflops_step" if entry is paper else "achieved_gflops"
+        entry["fraction_of_matmul_peak" + ("_step" if entry is paper else "")] = entry[key_] / peak
     roofline = {"matmul_peak_gflops_f32": peak, "floor_flops_per_prompt": floor_per_prompt,
                 "xla_flops_per_step_1_seed": xla_fast,
                 "floor_over_xla_flops": None if not xla_fast else batch * floor_per_prompt / xla_fast}
@@ -116,6 +134,7 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         **out,
         **ratios,
         "roofline": roofline,
+        "fig1_paper": paper,
         "loss_rel_diff": float(abs(l_f - l_r) / abs(l_r)),
         "grad_max_rel_diff": grad_rel,
         "steps_timed_per_call": steps,
@@ -125,3 +144,117 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         "note": "steps_per_s counts optimiser steps of the whole (vmapped) run; seed_steps_per_s multiplies by "
                 "seeds; speedup = fast / recurrent steps per second",
     }
+
+
+#: Per-token forward flops of the query-only form beyond the score z_tᵀc (2D), by gating (module docstring).
+_PER_TOKEN = {"none": lambda D: 2 * D, "scalar": lambda D: 4 * D, "vector": lambda D: 4 * D * D}
+
+
+def fig1_floor_flops_per_step(config, kinds: dict) -> int:
+    """The arithmetic floor of one training step of gating.fig1's joint grid (module docstring), in flops.
+
+    Args:
+        config: a Fig1Config (batch, seeds, n_bars, d, p).
+        kinds: name -> Kind (fig1._models(config)).
+    Returns:
+        batch · seeds · Σ_(kind, panel, n̄) 3(4D² + T(2D + per-token)).
+    """
+    from iclab.experiments.gating._common import _fmt, token_width
+
+    total = 0
+    for kind in kinds.values():
+        D = token_width(kind.family, config.d, config.p)
+        delim = _fmt(kind.family) == "delim"
+        gating = {"linatt": "none", "gla": "scalar", "gla_wo": "scalar", "gla_vector": "vector"}[kind.family]
+        for n_bar in config.n_bars:
+            T = K * n_bar + (K if delim else 0) + 1
+            total += len(kind.panels) * 3 * (4 * D * D + T * (2 * D + _PER_TOKEN[gating](D)))
+    return total * config.batch * config.seeds
+
+
+def _timed(fn, *args, repeats: int = 2) -> float:
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - start) / repeats
+
+
+def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
+                     kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+    """gating.fig1's paper training step against its floor (module docstring).
+
+    Args:
+        steps: steps per timed loop.
+        seeds, batch: the preset's (10, 256) unless set (smaller only to test the benchmark).
+        kernels: the kernels whose summed loss and gradient are timed side by side (and compared with the first).
+    Returns:
+        JSON-able dict: models, floor flops per step, sampling / loss-and-gradient seconds per kernel (with their
+        agreement), the whole step in the preset's kernel, achieved GFLOP/s, XLA's count of its own loss and
+        gradient, the training estimate at the paper's steps.
+    """
+    from iclab.experiments import get_experiment
+    from iclab.experiments.gating import _common
+    from iclab.experiments.gating.fig1 import _models
+    from iclab.engines.joint import init_members, seed_keys
+
+    over = {k: v for k, v in (("seeds", seeds), ("batch", batch)) if v is not None}
+    preset = get_experiment("gating.fig1").resolve("paper", over)
+    kinds = _models(preset)
+    panels = preset.panel_values()
+    floor = fig1_floor_flops_per_step(preset, kinds)
+    keys = seed_keys(preset.seed, preset.seeds)
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys)
+    out = {"models": preset.seeds * sum(len(k.panels) for k in kinds.values()) * len(preset.n_bars),
+           "seeds": preset.seeds, "batch": preset.batch, "floor_flops_per_step": floor, "kernels": {}}
+    setups, ref = {}, None
+    for kernel in kernels:
+        config = preset.model_copy(update={"kernel": kernel})
+        groups, sampler, aux = _common.training_setup(config, kinds, panels)
+        params = {name: init_members(g, keys, _common.INIT_STREAM) for name, g in groups.items()}
+
+        def loss(p, batch_, groups=groups):
+            return sum(jnp.sum(g.loss(p[name], batch_, None)) for name, g in groups.items())
+
+        sample = jax.jit(jax.vmap(sampler))
+        batch0 = sample(step_keys, aux)
+        vg = jax.jit(jax.vmap(jax.value_and_grad(loss)))
+        value, grad = vg(params, batch0)
+        if ref is None:
+            ref = (value, grad)
+        rel = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+                  for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(ref[1])))
+        s = _timed(vg, params, batch0)
+        out["kernels"][kernel] = {
+            "sample_s": _timed(sample, step_keys, aux), "loss_grad_s": s, "achieved_gflops": floor / s / 1e9,
+            # a native kernel runs outside XLA: its count would omit the kernel
+            "xla_flops_loss_grad": None if kernel == "native" else compiled_flops(jax.vmap(jax.value_and_grad(loss)),
+                                                                                  params, batch0),
+            "loss_rel_diff": float(jnp.max(jnp.abs(value - ref[0]) / jnp.abs(ref[0]))), "grad_max_rel_diff": rel}
+        setups[kernel] = (groups, sampler, aux, params, loss)
+    # the whole step in the preset's kernel: sample, loss and gradient, Adam, as one jitted loop over the seeds
+    groups, sampler, aux, params, loss = setups.get(preset.kernel) or next(iter(setups.values()))
+    opt = optax.adam(preset.lr)
+
+    @functools.partial(jax.jit, static_argnums=3)
+    def run(p, key, aux_, n):
+        def one_seed(p, key, aux_):
+            def body(k, carry):
+                p, s = carry
+                g = jax.grad(lambda q: loss(q, sampler(jax.random.fold_in(key, k), aux_)))(p)
+                u, s = opt.update(g, s, p)
+                return optax.apply_updates(p, u), s
+            return jax.lax.fori_loop(0, n, body, (p, opt.init(p)))[0]
+        return jax.vmap(one_seed)(p, key, aux_)
+
+    start = time.perf_counter()
+    jax.block_until_ready(run(params, step_keys, aux, steps))
+    out["compile_and_first_call_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(run(params, keys, aux, steps))
+    out["step_kernel"] = preset.kernel
+    out["step_s"] = (time.perf_counter() - start) / steps
+    out["achieved_gflops_step"] = floor / out["step_s"] / 1e9
+    out["paper_steps"] = preset.steps
+    out["training_estimate_s"] = preset.steps * out["step_s"]
+    return out

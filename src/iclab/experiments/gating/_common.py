@@ -393,20 +393,13 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
     return Members(init, loss, member_ids(kind, panels, config.n_bars))
 
 
-def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, label: str = "train",
-                 n_max: int | None = None):
-    """Trains one model per (kind, panel, n̄) for every seed, jointly (module docstring).
+def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: int | None = None):
+    """The joint training's pieces: one Members group per kind, the step's sampler and the per-seed constants.
 
     Args:
-        config: training setting.
-        kinds: name -> Kind.
-        panels: (P,) sequence of (r₁, r₂), each one of ``PANELS``.
-        reporter: progress reporter (None: silent).
-        label: the training task's label.
-        n_max: the block size of the step's draw (default max(config.n_bars)); a shard of the n̄ grid
-            gives the whole grid's, so that its models see the same batches as inside the grid.
+        config, kinds, panels, n_max: as in :func:`train_models`.
     Returns:
-        (Trajectory of the summed loss, dict name -> final params with leading (S, P_kind, G) axes, float64).
+        (groups name -> Members, sampler(key, aux) -> batch, aux {"contexts": (S, K+1, p)}).
     """
     dt = config.jnp_dtype()
     n_bars = config.n_bars
@@ -428,11 +421,29 @@ def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, 
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}
 
     groups = {name: _members(config, kind, panels, masks) for name, kind in kinds.items()}
+    return groups, sampler, {"contexts": sample_contexts(config).astype(dt)}
+
+
+def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, label: str = "train",
+                 n_max: int | None = None):
+    """Trains one model per (kind, panel, n̄) for every seed, jointly (module docstring).
+
+    Args:
+        config: training setting.
+        kinds: name -> Kind.
+        panels: (P,) sequence of (r₁, r₂), each one of ``PANELS``.
+        reporter: progress reporter (None: silent).
+        label: the training task's label.
+        n_max: the block size of the step's draw (default max(config.n_bars)); a shard of the n̄ grid
+            gives the whole grid's, so that its models see the same batches as inside the grid.
+    Returns:
+        (Trajectory of the summed loss, dict name -> final params with leading (S, P_kind, G) axes, float64).
+    """
+    groups, sampler, aux = training_setup(config, kinds, panels, n_max)
     tr = train_members(groups, sampler, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
                        n_steps=config.steps, optimizer=config.transformation(), clip_norm=config.clip_norm or None,
-                       record_every=config.record_every, aux={"contexts": sample_contexts(config).astype(dt)},
-                       record_member_loss=False, init_stream=INIT_STREAM, data_stream=DATA_STREAM,
-                       reporter=reporter, label=label)
+                       record_every=config.record_every, aux=aux, record_member_loss=False, init_stream=INIT_STREAM,
+                       data_stream=DATA_STREAM, reporter=reporter, label=label)
     final = jax.tree_util.tree_map(lambda a: np.asarray(a, dtype=np.float64), tr.final_params)
     return tr._replace(final_params=None), final
 

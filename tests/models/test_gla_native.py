@@ -1,0 +1,159 @@
+"""The compiled training loss of one-layer GLA grids read at the query (gla_native.query_mse_grid) against its
+naive twin, the mean squared error of gla.predict_last on each member's own prompt (cut out of the token tensor
+and read member by member in a Python loop): losses and the gradient of every weight, for each gating (none,
+scalar, vector with a head), in float64 (to rounding) and float32 (to float32 rounding), with saturated gates,
+under jit and vmap, at block-boundary batch sizes; its result does not depend on the number of threads; and a
+gating training run with kernel 'native' follows the XLA run."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import iclab  # noqa: F401  (float64)
+from iclab.models import gla
+from iclab.models import gla_native as native
+
+#: One token width for every test: the kernel compiles once per (gating, width, dtype), a few seconds each.
+D = 7
+LABEL = 4
+KINDS = (("none", False), ("scalar", False), ("vector", True))
+
+
+def _tokens(R, B, T, dtype, key=0):
+    Z = jax.random.normal(jax.random.PRNGKey(key), (R, B, T, D), dtype)
+    y = jax.random.normal(jax.random.PRNGKey(key + 1), (R, B), dtype)
+    return Z.at[:, :, :, LABEL].set(Z[:, :, :, LABEL]).at[:, :, -1, LABEL].set(0.0), y  # the query's label slot 0
+
+
+def _grid(kind, head, M, G, dtype, std=0.4, key=2):
+    keys = jax.random.split(jax.random.PRNGKey(key), M * G)
+    P = jax.vmap(lambda k: gla.init_params(k, D, kind, head=head, std=std, dtype=dtype))(keys)
+    return jax.tree_util.tree_map(lambda a: a.reshape((M, G) + a.shape[1:]), P)
+
+
+#: Prompts of three lengths cut out of T = 13 tokens (the query, position 12, last in each).
+KEEP = [[0, 5, 9, 12], list(range(13)), [3, 4, 12]]
+ROWS = [2, 0]
+
+
+def _naive(params, Z, y, keep=KEEP, rows=ROWS):
+    """(M, G) losses, member by member: the prompt cut out of its row, gla.predict_last, the mean squared error."""
+    out = []
+    for m, r in enumerate(rows):
+        out.append(jnp.stack([
+            jnp.mean((gla.predict_last(jax.tree_util.tree_map(lambda a: a[m, g], params), Z[r][:, np.asarray(k)],
+                                       label=LABEL) - y[r]) ** 2) for g, k in enumerate(keep)]))
+    return jnp.stack(out)
+
+
+def _native(params, Z, y, keep=KEEP, rows=ROWS):
+    pos, lens = native.subsequence_positions(keep)
+    return native.query_mse_grid(params, Z, y, positions=pos, lengths=lens, rows=rows, label=LABEL)
+
+
+def _weighted(fn):
+    w = jnp.asarray([[1.0, -0.5, 2.0], [0.3, 1.5, -1.0]])  # a cotangent that is not all ones
+    return lambda params, Z, y: jnp.sum(w * fn(params, Z, y))
+
+
+def _rel(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.mark.parametrize("kind,head", KINDS)
+@pytest.mark.parametrize("B", [native.CHUNK + 3, 5])
+def test_query_mse_grid_equals_the_naive_loss_with_gradients(kind, head, B):
+    Z, y = _tokens(3, B, 13, jnp.float64)
+    P = _grid(kind, head, 2, 3, jnp.float64)
+    ref = jax.jit(jax.value_and_grad(_weighted(_naive)))(P, Z, y)
+    out = jax.jit(jax.value_and_grad(_weighted(_native)))(P, Z, y)
+    assert _rel(out[0], ref[0]) < 1e-13
+    np.testing.assert_allclose(_native(P, Z, y), _naive(P, Z, y), rtol=1e-13)
+    assert set(out[1]) == set(P)
+    for name in P:
+        assert _rel(out[1][name], ref[1][name]) < 1e-12, name
+    if kind != "vector":  # the label read-out uses one column of W_V: the others get no gradient
+        rest = np.delete(np.asarray(out[1]["Wv"]), LABEL, axis=-1)
+        assert np.all(rest == 0.0) and np.any(np.asarray(out[1]["Wv"])[..., LABEL] != 0)
+
+
+@pytest.mark.parametrize("kind,head", KINDS[1:])
+def test_saturated_gates(kind, head):
+    """Gate logits of ±30: products of gates ≈ 0 or 1, and 1 − φ computed as φ(−a) keeps the gate gradients exact."""
+    Z, y = _tokens(3, 9, 13, jnp.float64, key=4)
+    P = _grid(kind, head, 2, 3, jnp.float64)
+    name = "w_g" if kind == "scalar" else "W_g"
+    P[name] = P[name] * 60.0
+    ref = jax.value_and_grad(_weighted(_naive))(P, Z, y)
+    out = jax.value_and_grad(_weighted(_native))(P, Z, y)
+    assert _rel(out[0], ref[0]) < 1e-12
+    for k in P:
+        assert _rel(out[1][k], ref[1][k]) < 1e-10, k
+
+
+@pytest.mark.parametrize("kind,head", KINDS)
+def test_float32_against_float64(kind, head):
+    Z, y = _tokens(3, native.CHUNK + 3, 13, jnp.float64, key=6)
+    P = _grid(kind, head, 2, 3, jnp.float64)
+    ref = jax.value_and_grad(_weighted(_naive))(P, Z, y)
+    P32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), P)
+    out = jax.value_and_grad(_weighted(_native))(P32, Z.astype(jnp.float32), y.astype(jnp.float32))
+    assert _native(P32, Z.astype(jnp.float32), y.astype(jnp.float32)).dtype == jnp.float32
+    assert all(g.dtype == jnp.float32 for g in out[1].values())
+    assert _rel(out[0], ref[0]) < 1e-5
+    for k in P:
+        assert _rel(out[1][k], ref[1][k]) < 1e-4, k
+
+
+@pytest.mark.parametrize("kind,head", [KINDS[1], KINDS[2]])
+def test_vmap_over_seeds(kind, head):
+    """Under vmap (the trainer maps seeds) one callback serves every seed; each equals its own call."""
+    Z, y = _tokens(3, 6, 13, jnp.float64, key=8)
+    Ps = [_grid(kind, head, 2, 3, jnp.float64, key=k) for k in (10, 11)]
+    P = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *Ps)
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+    grad = jax.grad(_weighted(_native))
+    lv = jax.jit(jax.vmap(_native))(P, Zs, ys)
+    gv = jax.jit(jax.vmap(grad))(P, Zs, ys)
+    for s in range(2):
+        np.testing.assert_array_equal(lv[s], _native(Ps[s], Zs[s], ys[s]))
+        one = grad(Ps[s], Zs[s], ys[s])
+        for k in one:
+            np.testing.assert_array_equal(gv[k][s], one[k])
+
+
+def test_does_not_depend_on_the_thread_count(monkeypatch):
+    """Each block writes its own partial sums, added up in a fixed order: 1, 2 and 3 threads give the same bits."""
+    Z, y = _tokens(3, 3 * native.CHUNK + 1, 13, jnp.float32, key=12)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        res = []
+        for kind, head in KINDS:
+            P = _grid(kind, head, 2, 3, jnp.float32)
+            res.append(jax.value_and_grad(_weighted(_native))(P, Z, y))
+        outs.append(jax.tree_util.tree_leaves(res))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_bad_layouts_are_refused():
+    Z, y = _tokens(3, 4, 13, jnp.float64)
+    P = _grid("scalar", False, 2, 3, jnp.float64)
+    pos, lens = native.subsequence_positions(KEEP)
+    with pytest.raises(ValueError, match="head"):
+        native.query_mse_grid({**P, "h": jnp.zeros((2, 3, D))}, Z, y, positions=pos, lengths=lens, rows=ROWS,
+                              label=LABEL)
+    with pytest.raises(ValueError, match="out of"):
+        native.query_mse_grid(P, Z, y, positions=pos, lengths=lens, rows=[0, 3], label=LABEL)
+    with pytest.raises(ValueError, match="grid"):
+        native.query_mse_grid(P, Z, y, positions=pos[:2], lengths=lens[:2], rows=ROWS, label=LABEL)
+    with pytest.raises(ValueError, match="increasing"):
+        native.subsequence_positions([[0, 2, 1]])
+    big, lb = native.subsequence_positions([[0, 13]] * 3)
+    with pytest.raises(ValueError, match="out of"):
+        native.query_mse_grid(P, Z, y, positions=big, lengths=lb, rows=ROWS, label=LABEL)
