@@ -149,6 +149,7 @@ def test_tiny_run_checks_and_plot():
     assert len(fig.axes) == 2
 
 
+@pytest.mark.slow  # ~20 s on 2 cores, XLA compilation of two training loops
 def test_native_kernel_trains_the_same_models_as_xla():
     """kernel 'native' (one token tensor at the largest n̄, each n̄ read at its own positions by the compiled loss)
     against the XLA separate layout: the same members, batches and updates, float64, every Fig 1 family, two
@@ -165,10 +166,3 @@ def test_native_kernel_trains_the_same_models_as_xla():
     for name in par_x:
         for a, b in zip(jax.tree_util.tree_leaves(par_n[name]), jax.tree_util.tree_leaves(par_x[name])):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=name)
-
-
-def test_native_kernel_refuses_multilayer_models():
-    cfg = fig1.Fig1Config(d=2, p=3, n_bars=[0, 1], kernel="native", steps=1, batch=2, seeds=1)
-    kind = C.Kind("gla_multilayer", "scalar", (0,), 0, {"layers": 2})
-    with pytest.raises(ValueError, match="one-layer"):
-        C.train_models(cfg, {"gla_2": kind}, cfg.panel_values(), None)

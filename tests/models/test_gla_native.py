@@ -157,3 +157,75 @@ def test_bad_layouts_are_refused():
     big, lb = native.subsequence_positions([[0, 13]] * 3)
     with pytest.raises(ValueError, match="out of"):
         native.query_mse_grid(P, Z, y, positions=big, lengths=lb, rows=ROWS, label=LABEL)
+
+
+# --------------------------------------------------------------------------------------------
+# The full scalar-gated layer
+
+
+def _layer_case(dtype, B, key=20, gate_scale=4.0):
+    p = gla.init_params(jax.random.PRNGKey(key), D, "scalar", std=0.5, dtype=dtype)
+    p["w_g"] = p["w_g"] * gate_scale  # gates spread over (0, 1)
+    Z = jax.random.normal(jax.random.PRNGKey(key + 1), (B, 11, D), dtype)
+    W = jax.random.normal(jax.random.PRNGKey(key + 2), (B, 11, D), dtype)  # a cotangent that is not all ones
+    return p, Z, W
+
+
+@pytest.mark.parametrize("B", [native.LAYER_CHUNK + 3, 5])
+def test_gated_layer_equals_the_recurrent_and_parallel_forms_with_gradients(B):
+    p, Z, W = _layer_case(jnp.float64, B)
+    out = native.gated_layer(p, Z)
+    np.testing.assert_allclose(out, gla.gla_layer(p, Z, None, "recurrent"), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(out, gla.gla_layer(p, Z, None, "native"), rtol=0, atol=0)
+    ref = jax.grad(lambda q, Z: jnp.sum(W * gla.gla_layer(q, Z, None, "parallel")), argnums=(0, 1))(p, Z)
+    got = jax.jit(jax.grad(lambda q, Z: jnp.sum(W * native.gated_layer(q, Z)), argnums=(0, 1)))(p, Z)
+    for k in p:
+        assert _rel(got[0][k], ref[0][k]) < 1e-12, k
+    assert _rel(got[1], ref[1]) < 1e-12
+
+
+def test_gated_layer_float32_saturated_gates_and_leading_axes():
+    p, Z, W = _layer_case(jnp.float64, 9, key=30, gate_scale=40.0)  # gates ≈ 0 or 1
+    ref = jax.grad(lambda q, Z: jnp.sum(W * gla.gla_layer(q, Z, None, "parallel")), argnums=(0, 1))(p, Z)
+    p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), p)
+    Z32, W32 = Z.astype(jnp.float32).reshape(3, 3, 11, D), W.astype(jnp.float32).reshape(3, 3, 11, D)
+    got = jax.grad(lambda q, Z: jnp.sum(W32 * native.gated_layer(q, Z)), argnums=(0, 1))(p32, Z32)
+    assert got[1].shape == (3, 3, 11, D) and got[1].dtype == jnp.float32
+    for k in p:
+        assert _rel(got[0][k], ref[0][k]) < 1e-4, k
+    assert _rel(got[1].reshape(Z.shape), ref[1]) < 1e-4
+
+
+def test_multilayer_prediction_in_the_native_form():
+    """predict_multilayer with form 'native' (full layers by the kernels, the last at the query) equals 'parallel'."""
+    layers = gla.init_multilayer(jax.random.PRNGKey(40), D, 3, std=0.3)
+    Z = jax.random.normal(jax.random.PRNGKey(41), (6, 11, D)).at[:, -1, LABEL].set(0.0)
+
+    def loss(form):
+        return lambda ls: jnp.sum(gla.predict_multilayer(ls, Z, label=LABEL, form=form) ** 2)
+
+    np.testing.assert_allclose(gla.predict_multilayer(layers, Z, label=LABEL, form="native"),
+                               gla.predict_multilayer(layers, Z, label=LABEL, form="parallel"), rtol=1e-11)
+    ref, got = jax.grad(loss("parallel"))(layers), jax.grad(loss("native"))(layers)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
+        assert _rel(a, b) < 1e-11
+
+
+def test_gated_layer_does_not_depend_on_the_thread_count(monkeypatch):
+    p, Z, W = _layer_case(jnp.float32, 3 * native.LAYER_CHUNK + 1, key=50)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        value, grads = jax.value_and_grad(lambda q, Z: jnp.sum(W * native.gated_layer(q, Z)), argnums=(0, 1))(p, Z)
+        outs.append([value] + jax.tree_util.tree_leaves(grads))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_gated_layer_refuses_other_gates_and_masks():
+    p, Z, _ = _layer_case(jnp.float64, 3)
+    with pytest.raises(ValueError, match="scalar-gated"):
+        native.gated_layer({k: v for k, v in p.items() if k != "w_g"}, Z)
+    with pytest.raises(ValueError, match="mask"):
+        gla.gla_layer(p, Z, jnp.ones(Z.shape[:-1]), "native")

@@ -64,7 +64,7 @@ __all__ = ["DELIMITED", "GATINGS", "PLAIN", "Form", "Gating", "construction2_par
            "scalar_gate_for_weights", "token_layout", "unrolled", "vector_gate_for_weights"]
 
 Gating = Literal["none", "scalar", "vector"]
-Form = Literal["last", "parallel", "recurrent", "unrolled"]
+Form = Literal["last", "parallel", "recurrent", "unrolled", "native"]
 GATINGS: tuple[str, ...] = ("none", "scalar", "vector")
 
 
@@ -293,10 +293,17 @@ def gla_layer(params, Z: jax.Array, mask=None, form: Form = "parallel") -> jax.A
     Args:
         params: Wq, Wk, Wv (+ w_g or W_g).
         Z: tokens; mask: optional (..., T) 0/1 token mask.
-        form: ``parallel``, ``recurrent`` or ``unrolled`` (all equal).
+        form: ``parallel``, ``recurrent`` or ``unrolled`` (all equal), or ``native`` (the compiled CPU kernels of
+            :func:`iclab.models.gla_native.gated_layer`: scalar gates, no mask).
     Returns:
         O: (..., T, D), o_i = S_i q_i.
     """
+    if form == "native":
+        if mask is not None:
+            raise ValueError("form 'native' reads prompts without a token mask (use the separate n̄ layout)")
+        from iclab.models import gla_native  # imports this module
+
+        return gla_native.gated_layer(params, Z)
     Q, K, V = projections(params, Z, mask)
     if form == "parallel":
         return parallel(Q, K, V, log_gates(params, Z, mask), gating(params))
@@ -304,7 +311,7 @@ def gla_layer(params, Z: jax.Array, mask=None, form: Form = "parallel") -> jax.A
         return recurrent(Q, K, V, gate_matrices(params, Z, mask))
     if form == "unrolled":
         return unrolled(Q, K, V, gate_matrices(params, Z, mask))
-    raise ValueError(f"form must be one of parallel, recurrent, unrolled for all positions (got {form!r})")
+    raise ValueError(f"form must be one of parallel, recurrent, unrolled, native for all positions (got {form!r})")
 
 
 def _readout(params, o, label: int):
@@ -365,7 +372,8 @@ def predict_multilayer(layers: Sequence[dict], Z: jax.Array, mask=None, *, label
     Args:
         layers: list of L param dicts (no ``h``).
         Z: (..., T, D); mask: optional (..., T); label: label index d.
-        form: ``parallel``, ``recurrent`` or ``unrolled`` for the full layers.
+        form: ``parallel``, ``recurrent``, ``unrolled`` or ``native`` for the full layers (the last is read at the
+            query in the ``last`` form after ``parallel`` and ``native``).
     Returns:
         (...,) predictions.
     """
@@ -373,7 +381,7 @@ def predict_multilayer(layers: Sequence[dict], Z: jax.Array, mask=None, *, label
         raise ValueError("predict_multilayer reads the label slot; layers must not carry a head h")
     for p in layers[:-1]:
         Z = Z + gla_layer(p, Z, mask, form)
-    last_form = "last" if form == "parallel" else form
+    last_form = "last" if form in ("parallel", "native") else form
     return Z[..., -1, label] + predict(layers[-1], Z, mask, label=label, form=last_form)
 
 

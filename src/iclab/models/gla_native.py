@@ -41,7 +41,7 @@ import numpy as np
 from iclab.models import gla
 from iclab.threads import thread_count
 
-__all__ = ["query_mse_grid", "subsequence_positions"]
+__all__ = ["gated_layer", "query_mse_grid", "subsequence_positions"]
 
 #: Prompts per block: the block's tokens and per-token buffers stay in cache (T_max·D·CH floats each).
 CHUNK = 32
@@ -400,6 +400,12 @@ def _kernel(kind: str, D: int, dtype: str):
     return numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)(namespace["kernel"])
 
 
+@functools.cache
+def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per thread count, kept for the process: a training step makes hundreds of kernel calls."""
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="iclab-gla-native")
+
+
 def _run_jobs(kernel, jobs: int, *args) -> None:
     """kernel(*args, first, stop) over jobs [0, jobs), split into contiguous runs, one per thread."""
     threads = max(1, min(thread_count(), jobs))
@@ -407,8 +413,11 @@ def _run_jobs(kernel, jobs: int, *args) -> None:
         kernel(*args, 0, jobs)
         return
     bounds = [jobs * i // threads for i in range(threads + 1)]
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernel releases the GIL
-        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+    # the kernel releases the GIL; the last run on this thread, the others on the pool
+    futures = [_pool(threads - 1).submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
+    kernel(*args, bounds[threads - 1], bounds[threads])
+    for f in futures:
+        f.result()
 
 
 def _readonly(a, dtype) -> np.ndarray:
@@ -533,3 +542,283 @@ def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.nd
     fn = _grid_loss(kind, head, int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
                     tuple(int(v) for v in rows))
     return fn(params, Z, y)
+
+
+# --------------------------------------------------------------------------------------------
+# A full scalar-gated layer (every position): forward and backward kernels
+
+
+def _gated_layer_source(D: int) -> str:
+    """Forward and backward kernels of one scalar-gated GLA layer at every position, tokens of width D (inner
+    loops over D unrolled into scalars; the loops over prompts vectorise). Weights come transposed (W = W_•ᵀ,
+    so q = W_Q z in the loops), as in ``gla_forget_native``.
+
+    forward, t ascending: g_t = φ(w_gᵀ z_t); q, k, v = W_Q z_t, W_K z_t, W_V z_t; S ← g_t S + v kᵀ; o_t = S q.
+    backward, given ō_t and the forward's outputs o_t:
+      pass 1 (t ascending): g, q, k, v and S_t again (kept for pass 2); q̄_t = S_tᵀ ō_t; W̄_Q += q̄ zᵀ; z̄_t = W_Qᵀ q̄;
+      pass 2 (t descending): S̄_t = g_{t+1} S̄_{t+1} + ō_t q_tᵀ; v̄ = S̄ k, k̄ = S̄ᵀ v; W̄_K += k̄ zᵀ, W̄_V += v̄ zᵀ,
+        z̄_t += W_Kᵀ k̄ + W_Vᵀ v̄; and the gates through the cumulative log gates c_t = Σ_{u≤t} log g_u of the
+        parallel form o_i = Σ_{j≤i} e^{c_i − c_j}(q_i·k_j) v_j: ∂L/∂c_t = ō_t·o_t − k_t·k̄_t, so
+        ∂L/∂log g_t = Σ_{u≥t} ∂L/∂c_u (a running sum of pass 2), ∂L/∂a_t = φ(−a_t) ∂L/∂log g_t,
+        w̄_g += (∂L/∂a_t) z_t, z̄_t += (∂L/∂a_t) w_g.
+    Each block of CH prompts writes its own partial sums of W̄ and w̄_g (summed over blocks in order by the caller).
+    """
+    F = range(D)
+    zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
+    head = [
+        "    B, T, _ = Z.shape",
+        "    dt = Z.dtype",
+        "    one = F(1.0)",
+        f"    zb = np.empty((T, {D}, CH), dt)",
+        f"    q = np.empty(({D}, CH), dt)",
+        f"    k = np.empty(({D}, CH), dt)",
+        f"    v = np.empty(({D}, CH), dt)",
+        f"    S = np.empty(({D}, {D}, CH), dt)",
+        "    gb = np.empty((T, CH), dt)",
+        "    smb = np.empty((T, CH), dt)",
+        *[f"    wg{f} = wg[{f}]" for f in F],
+    ]
+    load_block = ["        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
+                  "                    zb[t, f, b] = Z[b0 + b, t, f]"]
+    gates = [  # g_t and 1 − g_t = φ(−a_t) of every prompt of the block
+        "        for t in range(T):",
+        "            zt = zb[t]",
+        "            for b in range(n):",
+        *[f"                z{f} = zt[{f}, b]" for f in F],
+        f"                a = {zsum('wg')}",
+        "                x = np.exp(-abs(a))",
+        "                den = one / (one + x)",
+        "                gb[t, b] = den if a >= 0 else x * den",
+        "                smb[t, b] = x * den if a >= 0 else den",
+    ]
+    load_z = ["            zt = zb[t]"]
+    qkv = [
+        f"            for e in range({D}):",
+        *[f"                wq{f} = WQ[e, {f}]; wk{f} = WK[e, {f}]; wv{f} = WV[e, {f}]" for f in F],
+        "                for b in range(n):",
+        *[f"                    z{f} = zt[{f}, b]" for f in F],
+        f"                    q[e, b] = {zsum('wq')}",
+        f"                    k[e, b] = {zsum('wk')}",
+        f"                    v[e, b] = {zsum('wv')}",
+    ]
+    forward = [
+        "def forward(Z, WQ, WK, WV, wg, O, first, stop):",
+        *head,
+        f"    ob = np.empty((T, {D}, CH), dt)",
+        "    for blk in range(first, stop):",
+        "        b0 = blk * CH",
+        "        n = min(CH, Z.shape[0] - b0)",
+        "        S[:] = 0.0",
+        *load_block, *gates,
+        "        for t in range(T):",
+        *load_z, *qkv,
+        "            gt = gb[t]",
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        "                    g = gt[b]",
+        *[f"                    s{f} = g * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}" for f in F],
+        "                    ob[t, e, b] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for e in range({D}):",
+        "                    O[b0 + b, t, e] = ob[t, e, b]",
+    ]
+    backward = [
+        "def backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):",
+        *head,
+        f"    dzb = np.empty((T, {D}, CH), dt)",
+        f"    Qb = np.empty((T, {D}, CH), dt)",
+        f"    Kb = np.empty((T, {D}, CH), dt)",
+        f"    Vb = np.empty((T, {D}, CH), dt)",
+        f"    gW = np.empty((3, {D}, {D}, CH), dt)",
+        f"    gw = np.empty(({D}, CH), dt)",
+        f"    dob = np.empty((T, {D}, CH), dt)",
+        "    oo = np.empty((T, CH), dt)",
+        f"    dq = np.empty(({D}, CH), dt)",
+        f"    dk = np.empty(({D}, CH), dt)",
+        f"    dv = np.empty(({D}, CH), dt)",
+        "    R = np.empty(CH, dt)",
+        "    gnext = np.empty(CH, dt)",
+        "    for blk in range(first, stop):",
+        "        b0 = blk * CH",
+        "        n = min(CH, Z.shape[0] - b0)",
+        "        S[:] = 0.0",
+        "        gW[:] = 0.0",
+        "        gw[:] = 0.0",
+        *load_block,
+        "        for b in range(n):",
+        "            for t in range(T):",
+        "                acc = F(0.0)",
+        f"                for f in range({D}):",
+        "                    x = dO[b0 + b, t, f]",
+        "                    dob[t, f, b] = x",
+        "                    acc += x * O[b0 + b, t, f]",
+        "                oo[t, b] = acc",  # ō_t·o_t
+        *gates,
+        # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
+        "        for t in range(T):",
+        "            q = Qb[t]",
+        "            k = Kb[t]",
+        "            v = Vb[t]",
+        *load_z, *qkv,
+        "            gt = gb[t]",
+        "            do = dob[t]",
+        "            dq[:] = 0.0",
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        "                    doe = do[e, b]",
+        "                    g = gt[b]",
+        *[f"                    s{f} = g * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}; dq[{f}, b] += s{f} * doe"
+          for f in F],
+        f"            for e in range({D}):",
+        "                gq = gW[0, e]",
+        "                for b in range(n):",
+        "                    x = dq[e, b]",
+        *[f"                    gq[{f}, b] += x * zt[{f}, b]" for f in F],
+        f"            for f in range({D}):",
+        *[f"                w{e} = WQ[{e}, f]" for e in F],
+        "                for b in range(n):",
+        "                    dzb[t, f, b] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+        # pass 2: S̄_t backward (S now holds S̄), the running sum R of ∂L/∂c for the gates
+        "        S[:] = 0.0",
+        "        R[:] = 0.0",
+        "        gnext[:] = 0.0",
+        "        for t in range(T - 1, -1, -1):",
+        "            q = Qb[t]",
+        "            k = Kb[t]",
+        "            v = Vb[t]",
+        *load_z,
+        "            do = dob[t]",
+        "            dk[:] = 0.0",
+        f"            for e in range({D}):",
+        "                Se = S[e]",
+        "                for b in range(n):",
+        "                    ve = v[e, b]",
+        "                    doe = do[e, b]",
+        "                    g = gnext[b]",
+        *[f"                    s{f} = g * Se[{f}, b] + doe * q[{f}, b]; Se[{f}, b] = s{f}; dk[{f}, b] += s{f} * ve"
+          for f in F],
+        "                    dv[e, b] = " + " + ".join(f"s{f} * k[{f}, b]" for f in F),
+        "            for b in range(n):",
+        "                R[b] += oo[t, b] - (" + " + ".join(f"k[{f}, b] * dk[{f}, b]" for f in F) + ")",
+        "                gnext[b] = gb[t, b]",
+        f"            for e in range({D}):",
+        "                gk = gW[1, e]",
+        "                gv = gW[2, e]",
+        "                for b in range(n):",
+        "                    xk = dk[e, b]",
+        "                    xv = dv[e, b]",
+        *[f"                    gk[{f}, b] += xk * zt[{f}, b]; gv[{f}, b] += xv * zt[{f}, b]" for f in F],
+        f"            for f in range({D}):",
+        *[f"                a{e} = WK[{e}, f]; c{e} = WV[{e}, f]" for e in F],
+        "                wf = wg[f]",
+        "                gwf = gw[f]",
+        "                for b in range(n):",
+        "                    da = smb[t, b] * R[b]",
+        "                    gwf[b] += da * zt[f, b]",
+        "                    dzb[t, f, b] += da * wf + " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for e in range({D}):",
+        "                    dZ[b0 + b, t, e] = dzb[t, e, b]",
+        "        for i in range(3):",
+        f"            for e in range({D}):",
+        f"                for f in range({D}):",
+        "                    acc = F(0.0)",
+        "                    for b in range(n):",
+        "                        acc += gW[i, e, f, b]",
+        "                    dW[blk, i, e, f] = acc",
+        f"        for f in range({D}):",
+        "            acc = F(0.0)",
+        "            for b in range(n):",
+        "                acc += gw[f, b]",
+        "            dwg[blk, f] = acc",
+    ]
+    return "\n".join(forward) + "\n\n\n" + "\n".join(backward)
+
+
+#: Prompts per block of the layer kernels (their per-block state S is D²·CH floats).
+LAYER_CHUNK = 64
+
+
+@functools.cache
+def _gated_layer_kernels(D: int, dtype: str):
+    """(forward, backward) compiled for width D and a float dtype (on first use, a few seconds each)."""
+    import numba
+
+    namespace = {"np": np, "CH": LAYER_CHUNK, "F": getattr(np, dtype)}
+    exec(compile(_gated_layer_source(D), f"<iclab gated GLA layer kernels, D={D}>", "exec"), namespace)
+    jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
+    return jit(namespace["forward"]), jit(namespace["backward"])
+
+
+def _host_layer_forward(Z, Wq, Wk, Wv, wg):
+    dt = np.dtype(Z.dtype)
+    Z, wg = _readonly(Z, dt), _readonly(wg, dt)
+    WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))  # q = W_Q z in the kernel
+    B, T, D = Z.shape
+    O = np.empty_like(Z)
+    _run_jobs(_gated_layer_kernels(D, dt.name)[0], -(-B // LAYER_CHUNK), Z, WQ, WK, WV, wg, O)
+    return O
+
+
+def _host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO):
+    dt = np.dtype(Z.dtype)
+    Z, wg, O, dO = (_readonly(a, dt) for a in (Z, wg, O, dO))
+    WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
+    B, T, D = Z.shape
+    blocks = -(-B // LAYER_CHUNK)
+    dZ = np.empty_like(Z)
+    dW = np.empty((blocks, 3, D, D), dt)
+    dwg = np.empty((blocks, D), dt)
+    _run_jobs(_gated_layer_kernels(D, dt.name)[1], blocks, Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg)
+    gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
+    return dZ, gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
+
+
+@jax.custom_vjp
+def _gated_layer(Z, Wq, Wk, Wv, wg):
+    return jax.pure_callback(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, Z.dtype), Z, Wq, Wk, Wv, wg,
+                             vmap_method="sequential")
+
+
+def _gated_layer_fwd(Z, Wq, Wk, Wv, wg):
+    O = _gated_layer(Z, Wq, Wk, Wv, wg)
+    return O, (Z, Wq, Wk, Wv, wg, O)
+
+
+def _gated_layer_bwd(res, dO):
+    Z, Wq, Wk, Wv, wg, O = res
+    D = Z.shape[-1]
+    shapes = (jax.ShapeDtypeStruct(Z.shape, Z.dtype),) + (jax.ShapeDtypeStruct((D, D), Z.dtype),) * 3 + (
+        jax.ShapeDtypeStruct((D,), Z.dtype),)
+    return jax.pure_callback(_host_layer_backward, shapes, Z, Wq, Wk, Wv, wg, O, dO.astype(Z.dtype),
+                             vmap_method="sequential")
+
+
+_gated_layer.defvjp(_gated_layer_fwd, _gated_layer_bwd)
+
+
+def gated_layer(params: dict, Z: jax.Array) -> jax.Array:
+    """Outputs o_t of one scalar-gated GLA layer at every position (``gla.gla_layer``), by the compiled CPU kernels.
+
+    o_t = S_t q_t, S_t = φ(w_gᵀz_t) S_{t−1} + v_t k_tᵀ, in the recurrent form: O(T·D²) work per prompt and no
+    (T, T) matrix. Differentiable in the weights and the tokens (a custom VJP: the recurrence forward for q̄,
+    backward for k̄, v̄, and the gates through the cumulative log gates; see ``_gated_layer_source``). No mask.
+
+    Args:
+        params: Wq, Wk, Wv (D, D) and w_g (D,) (scalar gates).
+        Z: (..., T, D) tokens (leading axes flattened into the prompts).
+    Returns:
+        O: Z's shape.
+    """
+    if gla.gating(params) != "scalar":
+        raise ValueError(f"the native layer kernel computes scalar-gated layers (got {gla.gating(params)!r} gating)")
+    dt = Z.dtype
+    lead = Z.shape[:-2]
+    O = _gated_layer(Z.reshape((-1,) + Z.shape[-2:]), *(jnp.asarray(params[k], dt) for k in ("Wq", "Wk", "Wv", "w_g")))
+    return O.reshape(lead + Z.shape[-2:])

@@ -165,10 +165,11 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "machine, 25 Nov 2026); 'padded' traces one graph whatever the grid's length (its compile time against "
         "'separate' on long grids was not measured)")
     kernel: Literal["xla", "native"] = param(
-        "xla", "how the one-layer models' training loss and gradient are computed: xla (gla.predict_last under "
-        "autodiff, in nbar_layout) or native (the compiled CPU kernel models.gla_native.query_mse_grid: every n̄ "
-        "read at its own length from one token tensor drawn at the largest n̄; equal to float rounding)", paper=None,
-        paper_note="implementation choice; gating.fig1's paper preset uses native (one-layer families only)")
+        "xla", "how the models' training loss and gradient are computed: xla (autodiff of the gla forms, in "
+        "nbar_layout) or native (compiled CPU kernels, models.gla_native: every n̄ read at its own length from one "
+        "token tensor drawn at the largest n̄; equal to float rounding)", paper=None,
+        paper_note="implementation choice; the paper presets use native (one-layer families by the query-only "
+        "loss kernel, gla_multilayer's full layers by the compiled layer kernels gla_native.gated_layer)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",
@@ -367,16 +368,25 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
         return add_identity(params, config.init_identity, d)
 
     if config.kernel == "native":
-        if kind.family not in NATIVE_FAMILIES:
-            raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} "
-                             f"(got {kind.family!r}); use kernel 'xla'")
         n_max = masks["n_max"]
         positions, lengths = native_positions(n_max, config.n_bars, fmt == "delim")
-
-        def native_loss(params, batch, settings):  # one token tensor at n_max per format, (P, B, T_max, D)
-            return gla_native.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
-                                             lengths=lengths, rows=kind.panels, label=d)
-
+        if kind.family in NATIVE_FAMILIES:
+            def native_loss(params, batch, settings):  # one token tensor at n_max per format, (P, B, T_max, D)
+                return gla_native.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
+                                                 lengths=lengths, rows=kind.panels, label=d)
+        elif kind.family == "gla_multilayer":
+            def native_loss(params, batch, settings):  # each n̄'s prompt cut out of the n_max tensor
+                Zs, ys = batch["tokens"][fmt][sel], batch["y"][sel]
+                per_nbar = []
+                for g in range(G):
+                    Zg = Zs[:, :, positions[g, :lengths[g]]]
+                    per_nbar.append(jax.vmap(lambda p, Z, y: jnp.mean(
+                        (family.predict(p, Z, None, label=d, form="native") - y) ** 2))(
+                        jax.tree_util.tree_map(lambda a: a[:, g], params), Zg, ys))
+                return jnp.stack(per_nbar, axis=1)
+        else:
+            raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} and "
+                             f"gla_multilayer (got {kind.family!r}); use kernel 'xla'")
         return Members(init, native_loss, member_ids(kind, panels, config.n_bars))
 
     def one(params, Z, y, mask=None):
