@@ -195,3 +195,22 @@ def test_native_readout_trains_as_the_xla_readout():
     for k in p_x["g"]:
         np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
     assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
+
+
+@pytest.mark.slow  # ~25 s: two compiled training loops
+def test_native_multilayer_loss_trains_as_the_xla_parallel_form():
+    """kernel = native runs each L-layer model's whole loss in one host call (gla_forget_native.multilayer_mse);
+    against XLA's parallel form in a whole training run, float64, two seeds, depths 2 and 3, a learnt λ beside a
+    fixed one: the same weights and λ to rounding."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 4, "lr": 0.05, "seeds": 2, "dtype": "float64"})
+    gammas, lams = np.array([0.9]), np.array([[0.8, 0.5]])
+    learn = np.array([[False, True]])
+    groups = {"L2": _common.Group(lams, layers=2, learn=learn), "L3": _common.Group(lams, layers=3)}
+    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas, groups)
+            for kernel in ("xla", "native")}
+    (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
+    np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
+    for name in p_x:
+        for k in p_x[name]:
+            np.testing.assert_allclose(p_n[name][k], p_x[name][k], rtol=1e-9, atol=1e-12, err_msg=f"{name} {k}")
+    assert not np.allclose(p_x["L2"]["theta"][:, :, 1], 0.0)  # the learnt λ moved: not vacuous

@@ -163,3 +163,39 @@ def test_native_layer_backward_does_not_depend_on_the_thread_count(monkeypatch):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind,dtype,tol", [("qkv", jnp.float64, 1e-12), ("merged", jnp.float64, 1e-12),
+                                            ("qkv", jnp.float32, 1e-4)])
+def test_multilayer_mse_equals_the_parallel_form_with_gradients(kind, dtype, tol):
+    """The whole L-layer model in one host call (layer kernels with the residual added in place, the read-out
+    kernel, the token cotangents of the read-out) against predict_multilayer in XLA's parallel form: loss and the
+    gradient of every weight and of λ, at a block-boundary batch size, under jit and vmap over models."""
+    d, L, B = D - 1, 3, native.CHUNK + 3
+    Z, y = _prompts(1, B, d, 9, dtype)
+    Z, y = Z[0], y[0]
+    lam = jnp.asarray([0.9, 0.75], dtype)
+    Ps = [gla.init_gla(jax.random.PRNGKey(k), d, kind, 0.3, layers=L, dtype=dtype) for k in (3, 4)]
+    P = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *Ps)
+
+    def ref(P, lam):
+        return jnp.sum(jax.vmap(lambda p, l: jnp.mean((gla.predict_multilayer(p, Z, l, form="parallel") - y) ** 2))(
+            P, lam) * jnp.asarray([1.0, -2.0], dtype))
+
+    def got(P, lam):
+        return jnp.sum(jax.vmap(lambda p, l: native.multilayer_mse(p, Z, y, l))(P, lam) * jnp.asarray([1.0, -2.0], dtype))
+
+    r, g = jax.value_and_grad(ref, argnums=(0, 1))(P, lam)
+    n, h = jax.jit(jax.value_and_grad(got, argnums=(0, 1)))(P, lam)
+    assert abs(float(n - r)) <= tol * abs(float(r))
+    for a, b in zip(jax.tree_util.tree_leaves(h), jax.tree_util.tree_leaves(g)):
+        assert _rel(a, b) < 10 * tol
+
+
+def test_multilayer_mse_with_a_learnt_forget_factor():
+    d, B = D - 1, 7
+    Z, y = _prompts(1, B, d, 9, jnp.float64)
+    P = gla.init_gla(jax.random.PRNGKey(5), d, "qkv", 0.3, layers=2, theta=1.2)
+    ref = jax.grad(lambda p: jnp.mean((gla.predict_multilayer(p, Z[0], None, form="parallel") - y[0]) ** 2))(P)
+    got = jax.grad(lambda p: native.multilayer_mse(p, Z[0], y[0], None))(P)
+    assert _rel(got["theta"], ref["theta"]) < 1e-11 and _rel(got["WQ"], ref["WQ"]) < 1e-11

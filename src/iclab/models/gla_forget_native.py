@@ -33,7 +33,7 @@ import numpy as np
 
 from iclab.threads import thread_count
 
-__all__ = ["readout_grid"]
+__all__ = ["gla_layer", "multilayer_mse", "readout_grid"]
 
 #: Prompts per block: the block's tokens (T·D·CH floats) stay in the L2 cache while the K models of its row pass.
 CHUNK = 64
@@ -187,7 +187,7 @@ readout_grid.defvjp(_fwd, _bwd)
 # A full layer (every position): forward and backward kernels
 
 
-def _layer_source(D: int) -> str:
+def _layer_source(D: int, residual: bool = False) -> str:
     """Forward and backward kernels of one GLA layer at every position, for tokens of width D (inner loops over D
     unrolled into scalars; the loops over prompts vectorise).
 
@@ -245,7 +245,7 @@ def _layer_source(D: int) -> str:
         "        for b in range(n):",
         "            for t in range(T):",
         f"                for e in range({D}):",
-        "                    O[b0 + b, t, e] = ob[t, e, b]",
+        "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
     ]
     backward = [
         "def backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop):",
@@ -331,7 +331,7 @@ def _layer_source(D: int) -> str:
         "        for b in range(n):",
         "            for t in range(T):",
         f"                for e in range({D}):",
-        "                    dZ[b0 + b, t, e] = dzb[t, e, b]",
+        "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
@@ -348,12 +348,12 @@ def _layer_source(D: int) -> str:
 
 
 @functools.cache
-def _layer_kernels(D: int):
+def _layer_kernels(D: int, residual: bool = False):
     """(forward, backward) compiled for width D (on first call per dtype, a few seconds each)."""
     import numba
 
     namespace = {"np": np, "CH": CHUNK}
-    exec(compile(_layer_source(D), f"<iclab GLA layer kernels, D={D}>", "exec"), namespace)
+    exec(compile(_layer_source(D, residual), f"<iclab GLA layer kernels, D={D}>", "exec"), namespace)
     jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
     return jit(namespace["forward"]), jit(namespace["backward"])
 
@@ -369,16 +369,16 @@ def _run_blocks(kernel, blocks: int, *args) -> None:
         list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
 
 
-def _host_layer_forward(Z, WQ, WK, WV, lam):
+def _host_layer_forward(Z, WQ, WK, WV, lam, residual: bool = False):
     dt = Z.dtype
     Z, WQ, WK, WV = (_readonly(a, dt) for a in (Z, WQ, WK, WV))
     B, T, D = Z.shape
     O = np.empty_like(Z)
-    _run_blocks(_layer_kernels(D)[0], -(-B // CHUNK), Z, WQ, WK, WV, dt.type(lam), O)
+    _run_blocks(_layer_kernels(D, residual)[0], -(-B // CHUNK), Z, WQ, WK, WV, dt.type(lam), O)
     return O
 
 
-def _host_layer_backward(Z, WQ, WK, WV, lam, dO):
+def _host_layer_backward(Z, WQ, WK, WV, lam, dO, residual: bool = False):
     dt = Z.dtype
     Z, WQ, WK, WV, dO = (_readonly(a, dt) for a in (Z, WQ, WK, WV, dO))
     B, T, D = Z.shape
@@ -386,7 +386,7 @@ def _host_layer_backward(Z, WQ, WK, WV, lam, dO):
     dZ = np.empty_like(Z)
     dW = np.empty((blocks, 3, D, D), dt)
     dlam = np.empty(blocks, dt)
-    _run_blocks(_layer_kernels(D)[1], blocks, Z, WQ, WK, WV, dt.type(lam), dO, dZ, dW, dlam)
+    _run_blocks(_layer_kernels(D, residual)[1], blocks, Z, WQ, WK, WV, dt.type(lam), dO, dZ, dW, dlam)
     gW = dW.sum(axis=0)  # blocks in order
     return dZ, gW[0], gW[1], gW[2], dlam.sum()
 
@@ -442,3 +442,130 @@ def gla_layer(params, Z: jax.Array, lam) -> jax.Array:
     lead = Z.shape[:-2]
     O = _layer(Z.reshape((-1,) + Z.shape[-2:]), WQ, WK, WV, lam)
     return O.reshape(lead + Z.shape[-2:])
+
+
+# --------------------------------------------------------------------------------------------
+# A whole L-layer model's loss in one host call
+
+
+def _host_multilayer_mse(Z, WQ, WK, WV, lam, y):
+    """numpy side of :func:`multilayer_mse`: (loss, W̄_Q, W̄_K, W̄_V (L, D, D), λ̄) of one model on one batch.
+
+    Forward: Z_{l+1} = Z_l + GLA_l(Z_l) for the L − 1 full layers (the layer kernel), ŷ = Z_L[q, label] +
+    Σ_t λ^{T−1−t} (u·z_t)(c·z_t) with u = (W_V)_{label,:}, c = W_Kᵀ W_Q z_q (the read-out kernel, which also gives
+    H = ∂ŷ/∂c, J = ∂ŷ/∂u and ∂ŷ/∂λ). With e = 2(ŷ − y)/B: ū = Σ e J, c̄ = e H (then W̄_K = Σ_b q c̄ᵀ, q̄ = W_K c̄,
+    W̄_Q = Σ_b q̄ z_qᵀ), and the read-out's token cotangents z̄_t = e λ^{T−1−t} ((u·z_t) c + (c·z_t) u), plus W_Qᵀ q̄ at
+    the query and e at its label slot (the residual); then each layer's backward kernel, last to first, adding the
+    residual path (Z̄_l = Z̄_{l+1} + the layer's input cotangent)."""
+    dt = np.dtype(Z.dtype)
+    Z, WQ, WK, WV, y = (_readonly(a, dt) for a in (Z, WQ, WK, WV, y))
+    lam = dt.type(lam)
+    L = WQ.shape[0]
+    B, T, D = Z.shape
+    Zs = [Z]
+    for l in range(L - 1):
+        Zs.append(_host_layer_forward(Zs[-1], WQ[l], WK[l], WV[l], lam, residual=True))
+    ZL = Zs[-1]
+    q = ZL[:, -1, :] @ WQ[-1].T  # (B, D): q = W_Q z_q
+    c = q @ WK[-1]  # c = W_Kᵀ q
+    u = WV[-1][-1]
+    yr, H, J, dy = _host_forward(ZL[None], u[None, None], c[None, None], np.asarray([[lam]], dt))
+    yhat = ZL[:, -1, -1] + yr[0, 0]
+    err = yhat - y
+    loss = np.mean(err * err, dtype=dt)
+    e = (2.0 / B) * err
+    gWQ, gWK, gWV = np.zeros((L, D, D), dt), np.zeros((L, D, D), dt), np.zeros((L, D, D), dt)
+    gWV[-1, -1] = e @ J[0, 0]
+    gc = e[:, None] * H[0, 0]
+    gWK[-1] = q.T @ gc
+    gq = gc @ WK[-1].T  # q̄ = W_K c̄
+    gWQ[-1] = gq.T @ ZL[:, -1, :]
+    glam = e @ dy[0, 0]
+    w = (lam ** np.arange(T - 1, -1, -1, dtype=np.float64)).astype(dt)
+    dZ = np.empty_like(ZL)
+    _run_blocks(_readout_cotangent_kernel(), -(-B // CHUNK), ZL, u, c, w, e, dZ)
+    dZ[:, -1, :] += gq @ WQ[-1]
+    dZ[:, -1, -1] += e
+    for l in range(L - 2, -1, -1):  # the layer kernel adds the residual path: Z̄_l = Z̄_{l+1} + its input cotangent
+        dZ, gWQ[l], gWK[l], gWV[l], gl_ = _host_layer_backward(Zs[l], WQ[l], WK[l], WV[l], lam, dZ, residual=True)
+        glam = glam + gl_
+    return loss, gWQ, gWK, gWV, dt.type(glam)
+
+
+@functools.cache
+def _readout_cotangent_kernel():
+    """z̄_bt = e_b w_t ((u·z_bt) c_b + (c_b·z_bt) u) for the prompts of blocks [first, stop): the read-out's token
+    cotangents in one pass (numpy would make five passes over (B, T, D) temporaries)."""
+    import numba
+
+    @numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
+    def kernel(Z, u, c, w, e, dZ, first, stop):
+        B, T, D = Z.shape
+        for b in range(first * CHUNK, min(stop * CHUNK, B)):
+            for t in range(T):
+                a = Z.dtype.type(0.0)
+                s = Z.dtype.type(0.0)
+                for f in range(D):
+                    a += u[f] * Z[b, t, f]
+                    s += c[b, f] * Z[b, t, f]
+                ew = e[b] * w[t]
+                for f in range(D):
+                    dZ[b, t, f] = ew * (a * c[b, f] + s * u[f])
+
+    return kernel
+
+
+def _multilayer_call(Z, WQ, WK, WV, lam, y):
+    dt = Z.dtype
+    L, D = WQ.shape[0], Z.shape[-1]
+    shapes = (jax.ShapeDtypeStruct((), dt),) + (jax.ShapeDtypeStruct((L, D, D), dt),) * 3 + (
+        jax.ShapeDtypeStruct((), dt),)
+    return jax.pure_callback(_host_multilayer_mse, shapes, Z, WQ.astype(dt), WK.astype(dt), WV.astype(dt),
+                             jnp.asarray(lam, dt), y.astype(dt), vmap_method="sequential")
+
+
+@jax.custom_vjp
+def _multilayer(Z, WQ, WK, WV, lam, y):
+    return _multilayer_call(Z, WQ, WK, WV, lam, y)[0]
+
+
+def _multilayer_fwd(Z, WQ, WK, WV, lam, y):
+    loss, gQ, gK, gV, gl = _multilayer_call(Z, WQ, WK, WV, lam, y)
+    return loss, (gQ, gK, gV, gl, Z, WQ, WK, WV, lam, y)
+
+
+def _multilayer_bwd(res, ct):
+    gQ, gK, gV, gl, Z, WQ, WK, WV, lam, y = res
+    return (jnp.zeros_like(Z), (ct * gQ).astype(WQ.dtype), (ct * gK).astype(WK.dtype), (ct * gV).astype(WV.dtype),
+            jnp.asarray(ct * gl, jnp.result_type(lam)).reshape(jnp.shape(lam)), jnp.zeros_like(y))
+
+
+_multilayer.defvjp(_multilayer_fwd, _multilayer_bwd)
+
+
+def multilayer_mse(layers, Z: jax.Array, y: jax.Array, lam) -> jax.Array:
+    """Mean squared error of an L-layer residual GLA (``gla_forget.predict_multilayer``) on one batch, whole model
+    in one host call: the L − 1 full layers by the layer kernels, the read-out at the query by the read-out kernel,
+    and the backward pass through them (``_host_multilayer_mse``), so that no layer's (B, T, D) tokens cross
+    between XLA and the host. Differentiable in the weights and λ (a custom VJP whose forward computes the
+    gradient too); Z and y are data.
+
+    Args:
+        layers: one parametrisation's params with a leading layer axis L (``gla_forget.init_gla(..., layers=L)``;
+            merged ones as W_Q = W^KQ, W_K = I; a trainable ``theta`` gives λ = sigmoid(θ) when ``lam`` is None).
+        Z: (B, T, d+1) tokens, the query last; y: (B,) targets.
+        lam: forget factor shared by the layers (None: sigmoid(θ)).
+    Returns:
+        The scalar loss mean((ŷ − y)²), in Z's dtype.
+    """
+    from iclab.models import gla_forget as gla
+
+    theta = {"theta": layers["theta"]} if "theta" in layers else {}
+    stacked = {k: v for k, v in layers.items() if k != "theta"}
+    lam = gla.forget_factor(theta, lam)
+    if gla.parametrisation(stacked) == "qkv":
+        WQ, WK, WV = stacked["WQ"], stacked["WK"], stacked["WV"]
+    else:
+        WV, WQ = jax.vmap(gla.merged_weights)(stacked)
+        WK = jnp.broadcast_to(jnp.eye(WQ.shape[-1], dtype=WQ.dtype), WQ.shape)
+    return _multilayer(Z, WQ, WK, WV, lam, y)

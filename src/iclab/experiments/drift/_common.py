@@ -49,7 +49,7 @@ from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
-from iclab.models.gla_forget_native import readout_grid
+from iclab.models.gla_forget_native import multilayer_mse, readout_grid
 from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.tasks.drift_native import sample_training_batch
 from iclab.theory import drift as theory
@@ -204,8 +204,11 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
     over the K members of a row with the batch shared. One-layer models are read out at the query: by XLA
     (``kernel = "xla"``: ``gla_forget.gla_readout`` vmapped) or by the compiled kernel
     ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``). An L-layer model's full
-    layers run in ``form`` (default: ``parallel`` for xla, ``native``, the compiled recurrent kernels, for
-    native). Both kernels are equal to float rounding (tests compare them).
+    layers run in ``form`` (default: ``parallel`` for xla); with kernel ``native`` (and form None or ``native``)
+    each L-layer model's whole loss and gradient is one host call, ``gla_forget_native.multilayer_mse`` (the
+    layer and read-out kernels, no (B, T, D) tokens crossing between XLA and the host per layer); kernel xla with
+    form ``native`` runs each full layer by its kernel from XLA. All are equal to float rounding (tests compare
+    them).
     """
     if layers is None and kernel == "native":
         def native(params, batch, settings):
@@ -215,6 +218,15 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
             yhat = readout_grid(Z, WV[..., -1, :], c, _forget_factors(params, settings))
             return jnp.mean((yhat - y[:, None, :]) ** 2, axis=-1)
         return native
+    if layers is not None and kernel == "native" and form in (None, "native"):
+        def fused(params, batch, settings):  # each model's whole loss in one host call (multilayer_mse)
+            Z, y = batch
+
+            def row(p, Z_g, y_g, lam):
+                return jax.vmap(lambda q, l: multilayer_mse(q, Z_g, y_g, l))(p, lam)
+
+            return jax.vmap(row)(params, Z, y, _forget_factors(params, settings))
+        return fused
     form = form or ("native" if kernel == "native" else "parallel")
     forward = gla.predict if layers is None else functools.partial(gla.predict_multilayer, form=form)
 
