@@ -229,3 +229,55 @@ def test_gated_layer_refuses_other_gates_and_masks():
         native.gated_layer({k: v for k, v in p.items() if k != "w_g"}, Z)
     with pytest.raises(ValueError, match="mask"):
         gla.gla_layer(p, Z, jnp.ones(Z.shape[:-1]), "native")
+
+
+# --------------------------------------------------------------------------------------------
+# L-layer residual models, whole loss in the host call
+
+
+def _layers(L, dtype, key=60):
+    keys = jax.random.split(jax.random.PRNGKey(key), 6)
+    ls = jax.vmap(lambda k: gla.init_multilayer(k, D, L, std=0.3, dtype=dtype))(keys)
+    return [jax.tree_util.tree_map(lambda a: a.reshape((2, 3) + a.shape[1:]), layer) for layer in ls]
+
+
+def _naive_multilayer(layers, Z, y):
+    out = []
+    for m, r in enumerate(ROWS):
+        out.append(jnp.stack([jnp.mean((gla.predict_multilayer(
+            [jax.tree_util.tree_map(lambda a: a[m, g], layer) for layer in layers], Z[r][:, np.asarray(k)],
+            label=LABEL) - y[r]) ** 2) for g, k in enumerate(KEEP)]))
+    return jnp.stack(out)
+
+
+def _native_multilayer(layers, Z, y):
+    pos, lens = native.subsequence_positions(KEEP)
+    return native.multilayer_mse_grid(layers, Z, y, positions=pos, lengths=lens, rows=ROWS, label=LABEL)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_multilayer_mse_grid_equals_the_naive_loss_with_gradients(L):
+    """Against predict_multilayer (parallel form, XLA) member by member: L = 1 is the residual read-out alone (the
+    query's label slot of the prompt is 0), L = 2, 3 add full layers and their backward passes."""
+    Z, y = _tokens(3, native.LAYER_CHUNK + 3, 13, jnp.float64, key=61)
+    layers = _layers(L, jnp.float64)
+    ref = jax.value_and_grad(_weighted(_naive_multilayer))(layers, Z, y)
+    out = jax.jit(jax.value_and_grad(_weighted(_native_multilayer)))(layers, Z, y)
+    assert _rel(out[0], ref[0]) < 1e-13
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        assert _rel(a, b) < 1e-11
+
+
+def test_multilayer_mse_grid_under_vmap_and_in_float32():
+    Z, y = _tokens(3, 6, 13, jnp.float64, key=62)
+    L64 = [_layers(2, jnp.float64, key=k) for k in (63, 64)]
+    stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *L64)
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+    lv = jax.jit(jax.vmap(_native_multilayer))(stacked, Zs, ys)
+    for s in range(2):
+        np.testing.assert_array_equal(lv[s], _native_multilayer(L64[s], Zs[s], ys[s]))
+    f32 = lambda t: jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), t)  # noqa: E731
+    ref = jax.grad(_weighted(_naive_multilayer))(L64[0], Z, y)
+    got = jax.grad(_weighted(_native_multilayer))(f32(L64[0]), f32(Z), f32(y))
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
+        assert a.dtype == jnp.float32 and _rel(a, b) < 1e-4

@@ -41,7 +41,7 @@ import numpy as np
 from iclab.models import gla
 from iclab.threads import thread_count
 
-__all__ = ["gated_layer", "query_mse_grid", "subsequence_positions"]
+__all__ = ["gated_layer", "multilayer_mse_grid", "query_mse_grid", "subsequence_positions"]
 
 #: Prompts per block: the block's tokens and per-token buffers stay in cache (T_max·D·CH floats each).
 CHUNK = 32
@@ -73,7 +73,7 @@ def subsequence_positions(keep: list) -> tuple[np.ndarray, np.ndarray]:
 # Kernels (source generated per token width D: loops over D have a constant trip count)
 
 _COMMON = """
-def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, first, stop):
+def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
     S_, R, B, Tmax, _ = Z.shape
     M = rows.shape[0]
     G = lens.shape[0]
@@ -137,6 +137,14 @@ def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg
                 for b in range(n):
                     acc += zq[f, b] * dq[j, b]
                 gq[s, m, g, blk, f, j] = acc
+        if RESIDUAL:  # the query's token cotangent through q and c, and the residual read-out's label slot
+            for b in range(n):
+                for f in range(D):
+                    a = F(0.0)
+                    for j in range(D):
+                        a += Wq[s, m, g, f, j] * dq[j, b]
+                    dZ[s, m, g, b0 + b, T - 1, f] += a
+                dZ[s, m, g, b0 + b, T - 1, label] += e[b]
 """
 
 # Scalar gates (GATED) or none, label read-out: ŷ = Σ_t ω_t s_t v_t, v_t = z_tᵀ (W_V)_{:,label}.
@@ -185,7 +193,8 @@ _SCALAR_BODY = """
                         gt[t, b] = x * den
                         sm[t, b] = den
         ob[:n] = one
-        yh[:n] = 0.0
+        for b in range(n):  # a residual read-out adds the query's label slot: ŷ = z_T[label] + (o_T)[label]
+            yh[b] = zq[label, b] if RESIDUAL else F(0.0)
         for t in range(T - 1, -1, -1):
             for b in range(n):
                 om[t, b] = ob[b]
@@ -218,6 +227,10 @@ _SCALAR_BODY = """
                     du[f, b] += xu[b] * z
                     if GATED:
                         dw[f, b] += xw[b] * z
+            if RESIDUAL:  # token cotangents: through s_t = z_tᵀc, v_t = z_tᵀu and the gate logit z_tᵀw_g
+                for b in range(n):
+                    for f in range(D):
+                        dZ[s, m, g, b0 + b, t, f] = xc[b] * c[f, b] + xu[b] * u[f] + (xw[b] * wg[f] if GATED else F(0.0))
         for f in range(D):
             a1 = F(0.0)
             a2 = F(0.0)
@@ -232,7 +245,7 @@ _SCALAR_BODY = """
 # and their two weight gradients) is four matrix products over the block's T·n (token, prompt) rows, done by BLAS
 # (np.dot); the recurrences over t run on rows of D gates.
 _VECTOR_KERNEL = """
-def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, first, stop):
+def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
     S_, R, B, Tmax, _ = Z.shape
     M = rows.shape[0]
     G = lens.shape[0]
@@ -390,12 +403,16 @@ def _source(kind: str) -> str:
 
 
 @functools.cache
-def _kernel(kind: str, D: int, dtype: str):
+def _kernel(kind: str, D: int, dtype: str, residual: bool = False):
     """The kernel of one gating kind (``none``, ``scalar``, ``vector``) for width D and a float dtype (compiled on
-    first use, a few seconds). Serial code; threads split the jobs (``_run_jobs``)."""
+    first use, a few seconds). Serial code; threads split the jobs (``_run_jobs``). ``residual`` (scalar and no
+    gates): the last layer of a residual stack, ŷ = z_T[label] + (o_T)[label], and the token cotangents dZ."""
     import numba
 
-    namespace = {"np": np, "CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none"}
+    if residual and kind == "vector":
+        raise ValueError("the residual read-out is built for scalar or no gates")
+    namespace = {"np": np, "CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none",
+                 "RESIDUAL": residual}
     exec(compile(_source(kind), f"<iclab GLA query-loss kernel, {kind}, D={D}>", "exec"), namespace)
     return numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)(namespace["kernel"])
 
@@ -418,6 +435,10 @@ def _run_jobs(kernel, jobs: int, *args) -> None:
     kernel(*args, bounds[threads - 1], bounds[threads])
     for f in futures:
         f.result()
+
+
+#: The kernels' dZ argument where no token cotangent is written.
+_NO_DZ = {name: np.zeros((1,) * 6, name) for name in ("float32", "float64")}
 
 
 def _readonly(a, dtype) -> np.ndarray:
@@ -447,7 +468,7 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
         gg = np.empty((S, M, G, NB) + Wg.shape[3:], dt)
         gh = (np.empty if kind == "vector" else np.zeros)((S, M, G, NB, D), dt)  # only a head has a gradient
         _run_jobs(_kernel(kind, D, dt.name), S * M * G * NB, Z, y, positions, lengths, rows, Wq, Wk, Wv, Wg, h,
-                  label, loss, gq, gk, gv, gg, gh)
+                  label, loss, gq, gk, gv, gg, gh, _NO_DZ[dt.name])
         out = [loss.sum(axis=3), gq.sum(axis=3), gk.sum(axis=3)]  # blocks in order
         gv = gv.sum(axis=3)
         if kind != "vector":  # only the label column of W_V is read
@@ -548,7 +569,7 @@ def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.nd
 # A full scalar-gated layer (every position): forward and backward kernels
 
 
-def _gated_layer_source(D: int) -> str:
+def _gated_layer_source(D: int, residual: bool = False) -> str:
     """Forward and backward kernels of one scalar-gated GLA layer at every position, tokens of width D (inner
     loops over D unrolled into scalars; the loops over prompts vectorise). Weights come transposed (W = W_•ᵀ,
     so q = W_Q z in the loops), as in ``gla_forget_native``.
@@ -562,6 +583,7 @@ def _gated_layer_source(D: int) -> str:
         ∂L/∂log g_t = Σ_{u≥t} ∂L/∂c_u (a running sum of pass 2), ∂L/∂a_t = φ(−a_t) ∂L/∂log g_t,
         w̄_g += (∂L/∂a_t) z_t, z̄_t += (∂L/∂a_t) w_g.
     Each block of CH prompts writes its own partial sums of W̄ and w̄_g (summed over blocks in order by the caller).
+    ``residual``: a layer of the residual stream (eq 25), Z ↦ Z + O: forward writes z_t + o_t, backward z̄_t + ō_t.
     """
     F = range(D)
     zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
@@ -623,7 +645,7 @@ def _gated_layer_source(D: int) -> str:
         "        for b in range(n):",
         "            for t in range(T):",
         f"                for e in range({D}):",
-        "                    O[b0 + b, t, e] = ob[t, e, b]",
+        "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
     ]
     backward = [
         "def backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):",
@@ -654,7 +676,7 @@ def _gated_layer_source(D: int) -> str:
         f"                for f in range({D}):",
         "                    x = dO[b0 + b, t, f]",
         "                    dob[t, f, b] = x",
-        "                    acc += x * O[b0 + b, t, f]",
+        "                    acc += x * " + ("(O[b0 + b, t, f] - Z[b0 + b, t, f])" if residual else "O[b0 + b, t, f]"),
         "                oo[t, b] = acc",  # ō_t·o_t
         *gates,
         # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
@@ -724,7 +746,7 @@ def _gated_layer_source(D: int) -> str:
         "        for b in range(n):",
         "            for t in range(T):",
         f"                for e in range({D}):",
-        "                    dZ[b0 + b, t, e] = dzb[t, e, b]",
+        "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
@@ -746,27 +768,29 @@ LAYER_CHUNK = 64
 
 
 @functools.cache
-def _gated_layer_kernels(D: int, dtype: str):
+def _gated_layer_kernels(D: int, dtype: str, residual: bool = False):
     """(forward, backward) compiled for width D and a float dtype (on first use, a few seconds each)."""
     import numba
 
     namespace = {"np": np, "CH": LAYER_CHUNK, "F": getattr(np, dtype)}
-    exec(compile(_gated_layer_source(D), f"<iclab gated GLA layer kernels, D={D}>", "exec"), namespace)
+    exec(compile(_gated_layer_source(D, residual), f"<iclab gated GLA layer kernels, D={D}>", "exec"), namespace)
     jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
     return jit(namespace["forward"]), jit(namespace["backward"])
 
 
-def _host_layer_forward(Z, Wq, Wk, Wv, wg):
+def _host_layer_forward(Z, Wq, Wk, Wv, wg, residual: bool = False):
+    """O = GLA(Z) (Z + GLA(Z) with ``residual``) of one layer on (B, T, D) tokens."""
     dt = np.dtype(Z.dtype)
     Z, wg = _readonly(Z, dt), _readonly(wg, dt)
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))  # q = W_Q z in the kernel
     B, T, D = Z.shape
     O = np.empty_like(Z)
-    _run_jobs(_gated_layer_kernels(D, dt.name)[0], -(-B // LAYER_CHUNK), Z, WQ, WK, WV, wg, O)
+    _run_jobs(_gated_layer_kernels(D, dt.name, residual)[0], -(-B // LAYER_CHUNK), Z, WQ, WK, WV, wg, O)
     return O
 
 
-def _host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO):
+def _host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO, residual: bool = False):
+    """(Z̄, W̄_q, W̄_k, W̄_v, w̄_g) of one layer given its output O (Z + GLA(Z) with ``residual``) and Ō."""
     dt = np.dtype(Z.dtype)
     Z, wg, O, dO = (_readonly(a, dt) for a in (Z, wg, O, dO))
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
@@ -775,7 +799,7 @@ def _host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO):
     dZ = np.empty_like(Z)
     dW = np.empty((blocks, 3, D, D), dt)
     dwg = np.empty((blocks, D), dt)
-    _run_jobs(_gated_layer_kernels(D, dt.name)[1], blocks, Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg)
+    _run_jobs(_gated_layer_kernels(D, dt.name, residual)[1], blocks, Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg)
     gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
     return dZ, gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
 
@@ -822,3 +846,126 @@ def gated_layer(params: dict, Z: jax.Array) -> jax.Array:
     lead = Z.shape[:-2]
     O = _gated_layer(Z.reshape((-1,) + Z.shape[-2:]), *(jnp.asarray(params[k], dt) for k in ("Wq", "Wk", "Wv", "w_g")))
     return O.reshape(lead + Z.shape[-2:])
+
+
+# --------------------------------------------------------------------------------------------
+# A grid of L-layer residual models (eq 25): each model's whole loss in the host call
+
+
+def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
+    """The callback of :func:`multilayer_mse_grid`, with or without a leading seed axis (vmap)."""
+
+    def call(Z, y, Wq, Wk, Wv, wg):
+        batched = Z.ndim == 5
+        dt = np.dtype(Z.dtype)
+        arrs = [Z, y, Wq, Wk, Wv, wg]
+        if not batched:
+            arrs = [a[None] for a in arrs]
+        Z, y, Wq, Wk, Wv, wg = (_readonly(a, dt) for a in arrs)
+        S, R, B, _, D = Z.shape
+        M, G, L = Wq.shape[1:4]
+        NB = -(-B // CHUNK)
+        loss = np.empty((S, M, G), dt)
+        grads = [np.zeros((S, M, G, L, D, D), dt) for _ in range(3)] + [np.zeros((S, M, G, L, D), dt)]
+        last = _kernel("scalar", D, dt.name, True)
+        one = np.zeros(1, np.int64)
+        for s in range(S):
+            for m in range(M):
+                for g in range(G):
+                    T = int(lengths[g])
+                    Zs = [np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])]  # (B, T, D): this n̄'s prompts
+                    W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
+                    for l in range(L - 1):
+                        Zs.append(_host_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], residual=True))
+                    # the last layer read at the query (residual read-out), its weight gradients and token cotangents
+                    lo = np.empty((1, 1, 1, NB), dt)
+                    gl = [np.empty((1, 1, 1, NB, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, NB, D, 1), dt),
+                                                                                   np.empty((1, 1, 1, NB, D), dt)]
+                    dZ = np.zeros((1, 1, 1, B, T, D), dt)
+                    args = [a[None, None, None] for a in (W[0][-1], W[1][-1], W[2][-1], W[3][-1])]
+                    _run_jobs(last, NB, Zs[-1][None, None], y[s, rows[m]][None, None], np.arange(T)[None],
+                              np.asarray([T]), one, *args, np.zeros((1, 1, 1, D), dt), label, lo, gl[0], gl[1],
+                              gl[2], gl[3], np.zeros((1,) * 5, dt), dZ)
+                    loss[s, m, g] = lo.sum()
+                    grads[0][s, m, g, -1], grads[1][s, m, g, -1] = gl[0].sum(axis=3)[0, 0, 0], gl[1].sum(axis=3)[0, 0, 0]
+                    grads[2][s, m, g, -1, :, label] = gl[2].sum(axis=3)[0, 0, 0, :, 0]
+                    grads[3][s, m, g, -1] = gl[3].sum(axis=3)[0, 0, 0]
+                    dZ = dZ[0, 0, 0]
+                    for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
+                        dZ, *gw = _host_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
+                                                       residual=True)
+                        for i in range(4):
+                            grads[i][s, m, g, l] = gw[i]
+        out = (loss, *grads)
+        return tuple(o if batched else o[0] for o in out)
+
+    return call
+
+
+@functools.cache
+def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple):
+    """The custom-VJP loss of one grid layout (cached: one traced function per layout)."""
+    pos = np.frombuffer(positions, dtype=np.int64).reshape(pshape)
+    host = _host_multilayer(label, pos, np.asarray(lengths, np.int64), np.asarray(rows, np.int64))
+    names = ("Wq", "Wk", "Wv", "w_g")
+
+    def call(layers, Z, y):
+        dt = Z.dtype
+        stacked = [jnp.stack([jnp.asarray(layer[k], dt) for layer in layers], axis=2) for k in names]  # (M, G, L, …)
+        M, G = stacked[0].shape[:2]
+        shapes = (jax.ShapeDtypeStruct((M, G), dt),) + tuple(jax.ShapeDtypeStruct(a.shape, dt) for a in stacked)
+        out = jax.pure_callback(host, shapes, Z, y.astype(dt), *stacked, vmap_method="broadcast_all")
+        grads = [{k: out[1 + i][:, :, l].astype(layers[l][k].dtype) for i, k in enumerate(names)}
+                 for l in range(len(layers))]
+        return out[0], grads
+
+    @jax.custom_vjp
+    def loss(layers, Z, y):
+        return call(layers, Z, y)[0]
+
+    def fwd(layers, Z, y):
+        value, grads = call(layers, Z, y)
+        return value, (grads, Z, y)
+
+    def bwd(res, ct):
+        grads, Z, y = res
+        scaled = [{k: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype) for k, g in layer.items()}
+                  for layer in grads]
+        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
+
+    loss.defvjp(fwd, bwd)
+    return loss
+
+
+def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: np.ndarray, lengths: np.ndarray,
+                        rows, label: int) -> jax.Array:
+    """Mean squared query errors of a (M, G) grid of L-layer residual scalar-gated GLAs (eq 25,
+    ``gla.predict_multilayer``), each model's whole loss and gradient in the host call.
+
+    Member (m, g) reads row ``rows[m]`` of Z at the positions ``positions[g, :lengths[g]]`` (the query last), as in
+    :func:`query_mse_grid`; its L − 1 full layers run by the layer kernels (the residual added in place), the last
+    layer is read at the query by the loss kernel (ŷ = z_T[label] + (o_T)[label], with the token cotangents), and
+    the backward pass runs the layers' backward kernels last to first. No (B, T, D) tokens cross between XLA and the
+    host per layer. Differentiable in the weights (custom VJP: the forward computes the gradient too).
+
+    Args:
+        layers: L param dicts (Wq, Wk, Wv (D, D), w_g (D,); no head) with leading (M, G) axes.
+        Z: (R, B, T_max, D) tokens; y: (R, B) targets.
+        positions, lengths, rows: the grid's layout (:func:`query_mse_grid`).
+        label: index of the label coordinate.
+    Returns:
+        (M, G) losses in Z's dtype.
+    """
+    if any(gla.gating(p) != "scalar" or "h" in p for p in layers):
+        raise ValueError("the multi-layer kernel computes scalar-gated layers without a head")
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    M, G = layers[0]["Wq"].shape[:2]
+    if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
+        raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
+    if np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]) or np.any(rows >= Z.shape[-4]):
+        raise ValueError("token positions or rows out of range")
+    fn = _multilayer_grid_loss(int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
+                               tuple(int(v) for v in rows))
+    return fn(list(layers), Z, y)

@@ -375,15 +375,9 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
                 return gla_native.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
                                                  lengths=lengths, rows=kind.panels, label=d)
         elif kind.family == "gla_multilayer":
-            def native_loss(params, batch, settings):  # each n̄'s prompt cut out of the n_max tensor
-                Zs, ys = batch["tokens"][fmt][sel], batch["y"][sel]
-                per_nbar = []
-                for g in range(G):
-                    Zg = Zs[:, :, positions[g, :lengths[g]]]
-                    per_nbar.append(jax.vmap(lambda p, Z, y: jnp.mean(
-                        (family.predict(p, Z, None, label=d, form="native") - y) ** 2))(
-                        jax.tree_util.tree_map(lambda a: a[:, g], params), Zg, ys))
-                return jnp.stack(per_nbar, axis=1)
+            def native_loss(params, batch, settings):  # each model's whole loss in the host call
+                return gla_native.multilayer_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
+                                                      lengths=lengths, rows=kind.panels, label=d)
         else:
             raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} and "
                              f"gla_multilayer (got {kind.family!r}); use kernel 'xla'")
