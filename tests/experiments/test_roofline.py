@@ -69,3 +69,36 @@ def test_gating_fig1_paper_bench_floor_is_below_what_xla_executes_and_kernels_ag
     assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e-4  # float32 rounding of one grid in two kernels
     assert r["kernels"]["native"]["loss_rel_diff"] < 1e-5
     assert r["step_s"] > 0 and r["training_estimate_s"] == pytest.approx(10_000 * r["step_s"])
+
+
+def test_gating_fig2_floor_counts_full_layers_and_the_read_out():
+    from iclab.experiments.gating import fig2
+    from iclab.experiments.gating._bench import fig2_floor_flops_per_step
+
+    D, T = 16, 103
+    one = fig2.Fig2Config(d=10, p=5, n_bars=[50], layers=[1], batch=1, seeds=1)
+    readout = 3 * (4 * D * D + 6 * T * D)
+    assert fig2_floor_flops_per_step(one) == readout
+    three = one.model_copy(update={"layers": [3], "batch": 2})
+    first, later = T * (24 * D * D + 6 * D), T * (30 * D * D + 6 * D)  # the tokens need no cotangent in layer 1
+    assert fig2_floor_flops_per_step(three) == 2 * (first + later + readout + 6 * T * D)
+    short = three.model_copy(update={"n_bars": [0]})  # T = 3 < D: the parallel form is the cheaper one
+    T = 3
+    par = 12 * T * D * D + 12 * T * T * D + 4 * T * D + 18 * T * D * D + 12 * T * T * D + 6 * T * D
+    assert fig2_floor_flops_per_step(short) == 2 * (par + 3 * (4 * D * D + 6 * T * D) + 6 * T * D)
+    grid = one.model_copy(update={"layers": [1, 2, 3], "n_bars": [0, 50]})
+    assert fig2_floor_flops_per_step(grid) == sum(fig2_floor_flops_per_step(one.model_copy(
+        update={"layers": [L], "n_bars": [n]})) for L in (1, 2, 3) for n in (0, 50))
+
+
+@pytest.mark.slow
+def test_gating_fig2_paper_bench_kernels_agree():
+    from iclab.experiments.gating._bench import bench_fig2_paper
+
+    r = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5])
+    assert r["models"] == 2 * 3 * 2 and r["step_kernel"] == "native"
+    assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
+    # float32 rounding through up to three cubic layers, compounded by two forms; the kernels' exact check is the
+    # float64 training twin (test_gating_fig2: 1e-9)
+    assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e-3 and r["kernels"]["native"]["loss_rel_diff"] < 1e-5
+    assert r["step_s"] > 0

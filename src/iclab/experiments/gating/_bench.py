@@ -33,6 +33,16 @@ no gradient), with T = 2n̄ + 3 tokens (2n̄ + 1 without delimiters) of width D:
 c = W_K W_Qᵀ z_T (4D²), then per token the score z_tᵀc (2D) and: the label value (2D) without gates; the label
 value and the gate logit (4D) with scalar gates; all D values and D gate logits (4D²) with vector gates.
 So batch · Σ_models 3(4D² + T·{4D, 6D, 2D + 4D²}) flops per step (``fig1_floor_flops_per_step``).
+
+The paper step of gating.fig2 (``fig2_paper``): residual GLAs of depth L = 1, 2, 3 (eq 25, scalar gates) × 10 n̄ ×
+10 seeds, batch 256, the same measurements (XLA's parallel form against the compiled kernels of
+``gla_native.multilayer_mse_grid``). Floor per prompt, counted as ``iclab bench drift`` counts its full layers: a
+full layer in the recurrent form costs T(10D² + 2D) forward (q, k, v: 6D²; the state update v kᵀ and o = S q: 2D²
+each; the gate 2D) and T(14D² + 4D) backward without the input's cotangent (the first layer: the tokens need no
+gradient), T(20D² + 4D) with it; in the parallel form 6TD² + 4T²D + 2TD forward (projections, gates, scores,
+outputs) and 6TD² + 8T²D + 2TD backward (+ 6TD² + 2TD for the input's cotangent), fewer where T < D (n̄ ≤ 6); the
+floor takes the cheaper form per layer. The last layer is read at the query, 3(4D² + 6TD), plus 6TD for its
+token cotangents when layers lie below it (``fig2_floor_flops_per_step``).
 """
 
 from __future__ import annotations
@@ -65,7 +75,7 @@ def _loss_fn(form: str, n_bar: int, d: int, contexts, batch: int, dtype):
 
 
 def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, seeds: int = 10, steps: int = 20,
-                 lr: float = 1e-3, fig1_paper: dict | None = None) -> dict:
+                 lr: float = 1e-3, fig1_paper: dict | None = None, fig2_paper: dict | None = None) -> dict:
     """Steps per second of the fast and the recurrent form, 1 seed and ``seeds`` seeds vmapped.
 
     Args:
@@ -75,12 +85,13 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         seeds: seeds of the vmapped runs.
         steps: steps per timed call.
         fig1_paper: keywords of :func:`bench_fig1_paper` (None: its defaults, the paper preset's step).
+        fig2_paper: keywords of :func:`bench_fig2_paper` (None: its defaults).
     Returns:
         JSON-able dict: steps/s and seconds per step of each (form, seeds), their ratio, compile+first-call
         seconds, the fast form's floor flops, achieved GFLOP/s and fraction of the measured matmul peak,
         the roofline figures (module docstring), the largest relative difference of loss and gradient between the
-        forms, gating.fig1's paper step (``fig1_paper``: :func:`bench_fig1_paper`, with fractions of the peak), load
-        and device.
+        forms, gating.fig1's and gating.fig2's paper steps (``fig1_paper``, ``fig2_paper``: :func:`bench_fig1_paper`,
+        :func:`bench_fig2_paper`, with fractions of the peak), load and device.
     """
     load_before = os.getloadavg()
     dtype = jnp.float32
@@ -118,10 +129,11 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         entry["floor_flops_per_step"] = S * batch * floor_per_prompt
         entry["achieved_gflops"] = entry["floor_flops_per_step"] / entry["s_per_step"] / 1e9
         entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
-    paper = bench_fig1_paper(**(fig1_paper or {}))
-    for entry in [paper] + list(paper["kernels"].values()):
-        key_ = "achieved_gflops_step" if entry is paper else "achieved_gflops"
-        entry["fraction_of_matmul_peak" + ("_step" if entry is paper else "")] = entry[key_] / peak
+    papers = {"fig1_paper": bench_fig1_paper(**(fig1_paper or {})), "fig2_paper": bench_fig2_paper(**(fig2_paper or {}))}
+    for paper in papers.values():
+        paper["fraction_of_matmul_peak_step"] = paper["achieved_gflops_step"] / peak
+        for entry in paper["kernels"].values():
+            entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
     roofline = {"matmul_peak_gflops_f32": peak, "floor_flops_per_prompt": floor_per_prompt,
                 "xla_flops_per_step_1_seed": xla_fast,
                 "floor_over_xla_flops": None if not xla_fast else batch * floor_per_prompt / xla_fast}
@@ -134,7 +146,7 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         **out,
         **ratios,
         "roofline": roofline,
-        "fig1_paper": paper,
+        **papers,
         "loss_rel_diff": float(abs(l_f - l_r) / abs(l_r)),
         "grad_max_rel_diff": grad_rel,
         "steps_timed_per_call": steps,
@@ -172,6 +184,26 @@ def fig1_floor_flops_per_step(config, kinds: dict) -> int:
     return total * config.batch * config.seeds
 
 
+def fig2_floor_flops_per_step(config) -> int:
+    """The arithmetic floor of one training step of gating.fig2's joint grid (module docstring), in flops.
+
+    Args:
+        config: a Fig2Config (batch, seeds, n_bars, layers, d, p).
+    Returns:
+        batch · seeds · Σ_(L, n̄) [full layers + the query read-out].
+    """
+    D = config.d + 1 + config.p
+    total = 0
+    for L in config.layers:
+        for n_bar in config.n_bars:
+            T = K * n_bar + K + 1
+            full = sum(min(T * ((24 if l == 0 else 30) * D * D + 6 * D),  # recurrent, parallel
+                           (12 if l == 0 else 18) * T * D * D + 12 * T * T * D + (4 if l == 0 else 6) * T * D)
+                       for l in range(L - 1))
+            total += full + 3 * (4 * D * D + 6 * T * D) + (6 * T * D if L > 1 else 0)
+    return total * config.batch * config.seeds
+
+
 def _timed(fn, *args, repeats: int = 2) -> float:
     jax.block_until_ready(fn(*args))
     start = time.perf_counter()
@@ -180,29 +212,17 @@ def _timed(fn, *args, repeats: int = 2) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
-                     kernels: tuple[str, ...] = ("xla", "native")) -> dict:
-    """gating.fig1's paper training step against its floor (module docstring).
-
-    Args:
-        steps: steps per timed loop.
-        seeds, batch: the preset's (10, 256) unless set (smaller only to test the benchmark).
-        kernels: the kernels whose summed loss and gradient are timed side by side (and compared with the first).
-    Returns:
-        JSON-able dict: models, floor flops per step, sampling / loss-and-gradient seconds per kernel (with their
-        agreement), the whole step in the preset's kernel, achieved GFLOP/s, XLA's count of its own loss and
-        gradient, the training estimate at the paper's steps.
-    """
+def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: tuple[str, ...]) -> dict:
+    """A gating paper preset's training step (module docstring): sampling, loss and gradient per kernel (compared
+    with the first), and the whole step in the preset's kernel, against ``floor_fn(config)``."""
     from iclab.experiments import get_experiment
     from iclab.experiments.gating import _common
-    from iclab.experiments.gating.fig1 import _models
     from iclab.engines.joint import init_members, seed_keys
 
-    over = {k: v for k, v in (("seeds", seeds), ("batch", batch)) if v is not None}
-    preset = get_experiment("gating.fig1").resolve("paper", over)
-    kinds = _models(preset)
-    panels = preset.panel_values()
-    floor = fig1_floor_flops_per_step(preset, kinds)
+    preset = get_experiment(exp_id).resolve("paper", over)
+    kinds = models(preset)
+    panels = preset.panel_values() if hasattr(preset, "panel_values") else [_common.PANELS[0]]
+    floor = floor_fn(preset)
     keys = seed_keys(preset.seed, preset.seeds)
     step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys)
     out = {"models": preset.seeds * sum(len(k.panels) for k in kinds.values()) * len(preset.n_bars),
@@ -232,7 +252,8 @@ def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None
                                                                                   params, batch0),
             "loss_rel_diff": float(jnp.max(jnp.abs(value - ref[0]) / jnp.abs(ref[0]))), "grad_max_rel_diff": rel}
         setups[kernel] = (groups, sampler, aux, params, loss)
-    # the whole step in the preset's kernel: sample, loss and gradient, Adam, as one jitted loop over the seeds
+    # the whole step in the preset's kernel: sample, loss and gradient, Adam (with the preset's per-model clipping
+    # left out: O(params)), as one jitted loop over the seeds
     groups, sampler, aux, params, loss = setups.get(preset.kernel) or next(iter(setups.values()))
     opt = optax.adam(preset.lr)
 
@@ -258,3 +279,38 @@ def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None
     out["paper_steps"] = preset.steps
     out["training_estimate_s"] = preset.steps * out["step_s"]
     return out
+
+
+def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
+                     kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+    """gating.fig1's paper training step against its floor (module docstring).
+
+    Args:
+        steps: steps per timed loop.
+        seeds, batch: the preset's (10, 256) unless set (smaller only to test the benchmark).
+        kernels: the kernels whose summed loss and gradient are timed side by side (and compared with the first).
+    Returns:
+        JSON-able dict: models, floor flops per step, sampling / loss-and-gradient seconds per kernel (with their
+        agreement), the whole step in the preset's kernel, achieved GFLOP/s, XLA's count of its own loss and
+        gradient, the training estimate at the paper's steps.
+    """
+    from iclab.experiments.gating.fig1 import _models
+
+    over = {k: v for k, v in (("seeds", seeds), ("batch", batch)) if v is not None}
+    return _paper_step("gating.fig1", _models, lambda c: fig1_floor_flops_per_step(c, _models(c)), steps, over,
+                       kernels)
+
+
+def bench_fig2_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
+                     n_bars: list[int] | None = None, kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+    """gating.fig2's paper training step against its floor (module docstring); arguments as
+    :func:`bench_fig1_paper`, ``n_bars`` a subset of the grid (e.g. one shard's; the draw stays at the grid's
+    largest n̄ only when that n̄ is in the subset).
+
+    Returns:
+        JSON-able dict as :func:`bench_fig1_paper`.
+    """
+    from iclab.experiments.gating.fig2 import _models
+
+    over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("n_bars", n_bars)) if v is not None}
+    return _paper_step("gating.fig2", _models, fig2_floor_flops_per_step, steps, over, kernels)
