@@ -165,8 +165,9 @@ def test_native_layer_backward_does_not_depend_on_the_thread_count(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kind,dtype,tol", [("qkv", jnp.float64, 1e-12), ("merged", jnp.float64, 1e-12),
-                                            ("qkv", jnp.float32, 1e-4)])
+@pytest.mark.parametrize("kind,dtype,tol", [("qkv", jnp.float64, 1e-12),
+                                            pytest.param("merged", jnp.float64, 1e-12, marks=pytest.mark.slow),
+                                            pytest.param("qkv", jnp.float32, 1e-4, marks=pytest.mark.slow)])
 def test_multilayer_mse_equals_the_parallel_form_with_gradients(kind, dtype, tol):
     """The whole L-layer model in one host call (layer kernels with the residual added in place, the read-out
     kernel, the token cotangents of the read-out) against predict_multilayer in XLA's parallel form: loss and the
@@ -192,6 +193,7 @@ def test_multilayer_mse_equals_the_parallel_form_with_gradients(kind, dtype, tol
         assert _rel(a, b) < 10 * tol
 
 
+@pytest.mark.slow
 def test_multilayer_mse_with_a_learnt_forget_factor():
     d, B = D - 1, 7
     Z, y = _prompts(1, B, d, 9, jnp.float64)

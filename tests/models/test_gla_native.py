@@ -64,7 +64,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("kind,head", KINDS)
-@pytest.mark.parametrize("B", [native.CHUNK + 3, 5])
+@pytest.mark.parametrize("B", [native.CHUNK + 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_query_mse_grid_equals_the_naive_loss_with_gradients(kind, head, B):
     Z, y = _tokens(3, B, 13, jnp.float64)
     P = _grid(kind, head, 2, 3, jnp.float64)
@@ -80,6 +80,7 @@ def test_query_mse_grid_equals_the_naive_loss_with_gradients(kind, head, B):
         assert np.all(rest == 0.0) and np.any(np.asarray(out[1]["Wv"])[..., LABEL] != 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,head", KINDS[1:])
 def test_saturated_gates(kind, head):
     """Gate logits of ±30: products of gates ≈ 0 or 1, and 1 − φ computed as φ(−a) keeps the gate gradients exact."""
@@ -94,6 +95,7 @@ def test_saturated_gates(kind, head):
         assert _rel(out[1][k], ref[1][k]) < 1e-10, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,head", KINDS)
 def test_float32_against_float64(kind, head):
     Z, y = _tokens(3, native.CHUNK + 3, 13, jnp.float64, key=6)
@@ -108,6 +110,7 @@ def test_float32_against_float64(kind, head):
         assert _rel(out[1][k], ref[1][k]) < 1e-4, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,head", [KINDS[1], KINDS[2]])
 def test_vmap_over_seeds(kind, head):
     """Under vmap (the trainer maps seeds) one callback serves every seed; each equals its own call."""
@@ -171,7 +174,7 @@ def _layer_case(dtype, B, key=20, gate_scale=4.0):
     return p, Z, W
 
 
-@pytest.mark.parametrize("B", [native.LAYER_CHUNK + 3, 5])
+@pytest.mark.parametrize("B", [native.LAYER_CHUNK + 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_gated_layer_equals_the_recurrent_and_parallel_forms_with_gradients(B):
     p, Z, W = _layer_case(jnp.float64, B)
     out = native.gated_layer(p, Z)
@@ -184,6 +187,7 @@ def test_gated_layer_equals_the_recurrent_and_parallel_forms_with_gradients(B):
     assert _rel(got[1], ref[1]) < 1e-12
 
 
+@pytest.mark.slow
 def test_gated_layer_float32_saturated_gates_and_leading_axes():
     p, Z, W = _layer_case(jnp.float64, 9, key=30, gate_scale=40.0)  # gates ≈ 0 or 1
     ref = jax.grad(lambda q, Z: jnp.sum(W * gla.gla_layer(q, Z, None, "parallel")), argnums=(0, 1))(p, Z)
@@ -196,6 +200,7 @@ def test_gated_layer_float32_saturated_gates_and_leading_axes():
     assert _rel(got[1].reshape(Z.shape), ref[1]) < 1e-4
 
 
+@pytest.mark.slow
 def test_multilayer_prediction_in_the_native_form():
     """predict_multilayer with form 'native' (full layers by the kernels, the last at the query) equals 'parallel'."""
     layers = gla.init_multilayer(jax.random.PRNGKey(40), D, 3, std=0.3)
@@ -211,6 +216,7 @@ def test_multilayer_prediction_in_the_native_form():
         assert _rel(a, b) < 1e-11
 
 
+@pytest.mark.slow
 def test_gated_layer_does_not_depend_on_the_thread_count(monkeypatch):
     p, Z, W = _layer_case(jnp.float32, 3 * native.LAYER_CHUNK + 1, key=50)
     outs = []
@@ -255,7 +261,7 @@ def _native_multilayer(layers, Z, y):
     return native.multilayer_mse_grid(layers, Z, y, positions=pos, lengths=lens, rows=ROWS, label=LABEL)
 
 
-@pytest.mark.parametrize("L", [1, 2, 3])
+@pytest.mark.parametrize("L", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
 def test_multilayer_mse_grid_equals_the_naive_loss_with_gradients(L):
     """Against predict_multilayer (parallel form, XLA) member by member: L = 1 is the residual read-out alone (the
     query's label slot of the prompt is 0), L = 2, 3 add full layers and their backward passes."""
@@ -268,6 +274,7 @@ def test_multilayer_mse_grid_equals_the_naive_loss_with_gradients(L):
         assert _rel(a, b) < 1e-11
 
 
+@pytest.mark.slow
 def test_multilayer_mse_grid_under_vmap_and_in_float32():
     Z, y = _tokens(3, 6, 13, jnp.float64, key=62)
     L64 = [_layers(2, jnp.float64, key=k) for k in (63, 64)]
