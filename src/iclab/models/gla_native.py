@@ -1,4 +1,11 @@
-"""The training loss of a grid of one-layer GLA models read at the query, as a compiled CPU kernel (numba).
+"""Compiled CPU kernels (numba) for training grids of gated linear attention models (:mod:`iclab.models.gla`).
+
+- :func:`query_mse_grid`: the training loss of a grid of one-layer models read at the query, and its gradient;
+- :func:`gated_layer`: a full scalar-gated layer at every position, forward and backward;
+- :func:`multilayer_mse_grid`: the loss of a grid of L-layer residual models (eq 25), each model's whole forward
+  and backward pass in the host call (the layer kernels, then the query loss kernel with token cotangents).
+
+The query loss kernel, in detail:
 
 For member m of a grid, reading prompt row r_m of a token tensor Z (R, B, T_max, D) cut to the token positions
 ``positions[g, :lengths[g]]`` of its prompt length g (the query last), with its own weights θ_mg, the kernel
@@ -10,14 +17,15 @@ computes the mean squared error over the B prompts and its gradient in every wei
 with s_t = k_tᵀ q_T = z_tᵀ c, c = W_K W_Qᵀ z_T (the query seen through the keys), v_t = W_Vᵀ z_t (its label
 coordinate without a head), and the query weights ω_t = Π_{u>t} φ(w_gᵀ z_u) (scalar), ω_tr = Π_{u>t} φ(W_g z_u)_r
 (vector), ω ≡ 1 without gates: :func:`iclab.models.gla.predict_last`, the XLA form this kernel is tested
-against. Per prompt (CH prompts at a time, prompt-minor so the loops over prompts vectorise):
+against. Per prompt (a block of CH prompts at a time; with scalar or no gates prompt-minor, so that the loops
+over prompts vectorise; with vector gates token-major rows, so that the D² work is four BLAS products):
 
 - forward, t ascending: s_t, v_t and the gates φ and 1 − φ = φ(−a) (kept); t descending: ω and ŷ;
 - e = 2(ŷ − y)/B, the loss's derivative in ŷ;
-- backward, t ascending, with the prefix sums P_t = Σ_{j<t} ∂ŷ/∂log ω_j·(…) of the contributions
-  ℓ_j = ω_j s_j v_j (∂ŷ/∂log φ_t = Σ_{j<t} ℓ_j, and ∂log φ(a)/∂a = φ(−a)):
-  c̄ += e ω_t v_t z_t, v̄ = e ω_t s_t (W̄_V += v̄ z_tᵀ), w̄_g += e φ(−a_t) P_t z_t (per gate row for vector gates),
-  h̄ += e ω_t v_t s_t; then W̄_K = Σ_b c̄ qᵀ, W̄_Q = Σ_b z_T (W_Kᵀ c̄)ᵀ.
+- backward, t ascending, with the prefix sums P_t = Σ_{j<t} ℓ_j of the contributions ℓ_j = ω_j s_j v_j, since
+  ∂ŷ/∂log φ_t = P_t and ∂log φ(a)/∂a = φ(−a): c̄ += e ω_t v_t z_t, v̄ = e ω_t s_t (W̄_V += v̄ z_tᵀ),
+  w̄_g += e φ(−a_t) P_t z_t (per gate row for vector gates), h̄ += e ω_t v_t s_t; then W̄_K = Σ_b c̄ qᵀ,
+  W̄_Q = Σ_b z_T (W_Kᵀ c̄)ᵀ.
 
 O(T·D) per prompt with scalar or no gates, O(T·D²) with vector gates, and no (T, T) matrix. Each block of
 prompts writes its own partial sums (summed over blocks in a fixed order by the caller), so the result does not

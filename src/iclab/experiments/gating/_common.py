@@ -169,7 +169,7 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "nbar_layout) or native (compiled CPU kernels, models.gla_native: every n̄ read at its own length from one "
         "token tensor drawn at the largest n̄; equal to float rounding)", paper=None,
         paper_note="implementation choice; the paper presets use native (one-layer families by the query-only "
-        "loss kernel, gla_multilayer's full layers by the compiled layer kernels gla_native.gated_layer)")
+        "loss kernel gla_native.query_mse_grid, gla_multilayer by gla_native.multilayer_mse_grid)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",
@@ -355,8 +355,9 @@ def native_positions(n_max: int, n_bars: Sequence[int], delimiters: bool) -> tup
     return gla_native.subsequence_positions(keep)
 
 
-def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
-    """The members of one kind: init through the registry, and the loss of the whole (panel, n̄) grid."""
+def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Members:
+    """The members of one kind: init through the registry, and the loss of the whole (panel, n̄) grid (prompts drawn
+    at n_max)."""
     family = get_model(kind.family)
     fmt, d, dt = _fmt(kind.family), config.d, config.jnp_dtype()
     D = token_width(kind.family, d, config.p)
@@ -368,7 +369,6 @@ def _members(config: TrainConfig, kind: Kind, panels, masks) -> Members:
         return add_identity(params, config.init_identity, d)
 
     if config.kernel == "native":
-        n_max = masks["n_max"]
         positions, lengths = native_positions(n_max, config.n_bars, fmt == "delim")
         if kind.family in NATIVE_FAMILIES:
             def native_loss(params, batch, settings):  # one token tensor at n_max per format, (P, B, T_max, D)
@@ -414,7 +414,7 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
     sigma = float(np.sqrt(config.sigma2))
     padded = config.nbar_layout == "padded"
     masks = {"delim": jnp.asarray(token_masks(n_max, n_bars, True), dt),
-             "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt), "n_max": n_max}
+             "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt)}
 
     def sampler(key, aux):
         # one key for every panel: the panels share x and the task normals G
@@ -424,7 +424,7 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
         # one token tensor per n̄ (the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}
 
-    groups = {name: _members(config, kind, panels, masks) for name, kind in kinds.items()}
+    groups = {name: _members(config, kind, panels, masks, n_max) for name, kind in kinds.items()}
     return groups, sampler, {"contexts": sample_contexts(config).astype(dt)}
 
 
