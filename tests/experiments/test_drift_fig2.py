@@ -54,3 +54,25 @@ def test_gradient_flow_reaches_eq46(tiny):
     tgt = r["gf_target_product"]
     assert np.max(np.abs(r["gf_final_product"] - tgt)) < 1e-6 * np.max(np.abs(tgt))
     assert np.max(np.abs(r["gf_balance"])) < 1e-8
+
+
+def test_deep_model_evidence_names_exploding_spiking_unfinished_and_heavy_tailed_models():
+    from iclab.experiments.drift import fig2
+
+    R, K = 20, 2
+    flat = np.linspace(1.0, 0.7, R)
+    flat[R // 2:] = 0.7  # converged: flat over the second half
+    rec = np.broadcast_to(flat[None, None, :, None], (1, 2, R, K))  # (S = 1, depths 1-2, R, K)
+    r = {"depths": np.array([1, 2]), "lams": np.array([0.9, 1.0]), "rec_step": np.arange(R) * 10.0,
+         "theory_train": np.array([0.7, 0.9]), "rec_mse": rec.copy(), "test_err": np.full((1, 2, K), 0.7),
+         "test_err_se": np.full((1, 2, K), 0.01)}
+    assert fig2._deep_model_evidence(r, "test", [1]) == ""  # converged, light-tailed: nothing to name
+    r["rec_mse"][0, 1, 0, 1] = 1e5  # L = 2, λ = 1 starts exploding
+    r["rec_mse"][0, 1, 7, 0] = 1e9  # L = 2, λ = 0.9 spikes at step 70 ...
+    r["rec_mse"][0, 1, -3:, 0] = 0.6  # ... and is still descending at the end
+    r["test_err_se"][0, 1, 1] = 0.5  # a heavy-tailed estimate
+    text = fig2._deep_model_evidence(r, "test", [1])
+    assert "exploding at init: L = 2, λ = 1 (first record 1e+05)" in text
+    assert "spiked: L = 2, λ = 0.9 (1e+09 at step 70" in text
+    assert "still descending: L = 2, λ = 0.9" in text and "λ = 1 (−" not in text
+    assert "heavy-tailed test estimate: L = 2, λ = 1 (0.7 ± 0.5)" in text

@@ -247,6 +247,47 @@ def assemble_fig2(config: Fig2Config, parts: dict[str, dict], reporter=None) -> 
     return out
 
 
+#: A deep model whose recorded training loss exceeds this multiple of its first record after the first record
+#: diverged on the way (a loss spike of Adam on the cubic residual layers), whatever its final error; one whose first
+#: record exceeds this multiple of the 1-layer optimum started from an exploding output.
+SPIKE = 100.0
+#: A model whose mean recorded loss over the last 10 % of the run lies this much below its mean over 60-70 % is still
+#: descending: its final error is an unfinished training's (the 1-layer models' record-to-record noise is ≈ 1 %).
+STILL_FALLING = 0.02
+#: A Monte-Carlo error whose standard error exceeds this share of it is dominated by a few prompts (heavy tails of a
+#: deep model's polynomial output); its point estimate says little.
+HEAVY_TAIL = 0.25
+
+
+def _deep_model_evidence(r: dict, name: str, deep: list[int]) -> str:
+    """The evidence behind a failing 'deeper no worse' check, from the stored trajectories: the deep models that
+    started from an exploding output (first record > SPIKE × the 1-layer optimum), whose training loss spiked later
+    (max over the later records > SPIKE × the first), that are still descending at the end (STILL_FALLING), and, for
+    ``name``'s error, whose estimate is heavy-tailed (SE > HEAVY_TAIL of the value)."""
+    depths, lams, steps = list(r["depths"]), r["lams"], r["rec_step"]
+    R = len(steps)
+    found = {"exploding at init": [], "spiked": [], "still descending": [], f"heavy-tailed {name} estimate": []}
+    for s in range(r["rec_mse"].shape[0]):
+        for i in deep:
+            for k in range(len(lams)):
+                rec = r["rec_mse"][s, i, :, k]
+                if np.all(np.isnan(rec)):
+                    continue
+                tag = f"L = {depths[i]}, λ = {lams[k]:g}" + (f", seed {s}" if r["rec_mse"].shape[0] > 1 else "")
+                if rec[0] > SPIKE * r["theory_train"][k]:
+                    found["exploding at init"].append(f"{tag} (first record {rec[0]:.3g})")
+                t = 1 + int(np.nanargmax(rec[1:]))
+                if rec[t] > SPIKE * rec[0]:
+                    found["spiked"].append(f"{tag} ({rec[t]:.3g} at step {steps[t]:.0f}, last {rec[-1]:.3g})")
+                late, mid = np.nanmean(rec[-max(1, R // 10):]), np.nanmean(rec[int(0.6 * R):int(0.7 * R)])
+                if R >= 10 and late < (1 - STILL_FALLING) * mid:
+                    found["still descending"].append(f"{tag} (−{1 - late / mid:.1%} over the last 30 % of the run)")
+                err, se = r[f"{name}_err"][s, i, k], r[f"{name}_err_se"][s, i, k]
+                if se > HEAVY_TAIL * err:
+                    found[f"heavy-tailed {name} estimate"].append(f"{tag} ({err:.3g} ± {se:.3g})")
+    return "".join(f" Deep models {what}: " + "; ".join(v) + "." for what, v in found.items() if v)
+
+
 def checks_fig2(config: Fig2Config, r: dict) -> list:
     depths, lams = list(r["depths"]), r["lams"]
     i1 = depths.index(1)
@@ -263,7 +304,8 @@ def checks_fig2(config: Fig2Config, r: dict) -> list:
             out.append(check_at_most(
                 f"{label}: deeper no worse than the 1-layer optimum (worst relative excess, L = {depths[deep[j]]}, "
                 f"λ = {lams[k]:g})", ratio.max(), REL_TOL,
-                "L-layer trained error vs Theorem 2/3 of the 1-layer optimum (spec §6.12); tolerance as (a)"))
+                "L-layer trained error vs Theorem 2/3 of the 1-layer optimum (spec §6.12); tolerance as (a)."
+                + _deep_model_evidence(r, name, deep)))
     out.append(check_at_most("(c) 1-layer GLA trained at λ* = Theorem 2 err(λ*) (worst seed; relative gap)",
                              float(np.max(np.abs(r["star_err"] / r["err_star"] - 1))), REL_TOL))
     gap, t = r["gf_gap"], r["gf_t"]
@@ -381,15 +423,21 @@ register(
             "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
         ],
         runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
-                 "paper": "not run to the end: ≈ 90 min of training on the idle 2-core machine with the compiled "
-                          "kernels (kernel = sampler = native; `iclab bench drift`, 26 Nov 2026: 2.69 s per Adam step, "
-                          "against 12.3 s in XLA's parallel form), plus evaluation; shards (one per (depth, λ) model, "
-                          "and `star`) split it over workers. A run of the paper preset with `--set lams=[0.85,0.95] "
-                          "--set depths=[1,2]` (paper's batch, steps and q/k/v weights, XLA forms, before the "
-                          "compiled kernels): 1814 s idle, 8/9 checks. Train (a): 1-layer within 1.4 % of Theorem 2, "
-                          "2-layer 8 % below the 1-layer optimum; test (b, m = 50 against training n = 100): the "
-                          "2-layer model at λ = 0.95 is 4.2 % above the 1-layer optimum's Theorem 3 (0.789 ± 0.023 SE "
-                          "vs 0.757: heavy-tailed errors, 1.4 SE; the check compares point estimates), at λ = 0.85 8 % "
-                          "below"},
+                 "paper": "3766 s (run 26 Nov 2026 with the compiled sampler and kernels, each deep model's whole loss "
+                          "in one host call, while gating.fig1's paper preset shared the two cores for all of it; idle, "
+                          "`iclab bench drift` gives the step); 7/9 checks. Every 1-layer model is within 0.3-1.2 % of "
+                          "Theorem 2 (train) and 0.3-0.7 % of Theorem 3 (test), the λ* model 1.1 %, and every "
+                          "gradient-flow check passes. The deep models that converged are below the 1-layer optimum, as "
+                          "the paper says (2 layers at λ ≤ 0.95: 3-11 % below in train and test; 3 layers at λ = 0.8 "
+                          "and 0.9: 10-15 % below in train). The two failing 'deeper no worse' checks are deep models "
+                          "whose training had not settled, which the checks' notes name from the stored trajectories: "
+                          "at λ = 0.95-1 the residual stack starts from an exploding output (first recorded loss 4·10⁵ "
+                          "to 10¹⁷ for 3 layers, 4·10⁵ for 2 layers at λ = 1) and is still descending after 2000 steps "
+                          "(2 layers at λ = 1: 5.5 % above in train; 3 layers at λ = 0.95 and 1: 45 % and 27 %); the "
+                          "3-layer model at λ = 0.85 spiked to a loss of 3·10¹⁹ at step 780 under AdamW at lr 10⁻² "
+                          "and had only come back to 122 by step 2000; and the 3-layer test error at λ = 0.8 (43.8 ± "
+                          "42.6) is one heavy-tailed prompt of a degree-27 polynomial model, its train error 15 % below "
+                          "the optimum. The paper's init scale is unspecified (ours: std 0.1 on every entry). Before: "
+                          "a run with `--set lams=[0.85,0.95] --set depths=[1,2]` (XLA forms): 1814 s idle, 8/9"},
     )
 )
