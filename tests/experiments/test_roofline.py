@@ -1,6 +1,7 @@
 """The benches' roofline pieces: XLA's flop count of a compiled function and the matmul peak."""
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
@@ -95,10 +96,15 @@ def test_gating_fig2_floor_counts_full_layers_and_the_read_out():
 def test_gating_fig2_paper_bench_kernels_agree():
     from iclab.experiments.gating._bench import bench_fig2_paper
 
+    # in float64 the two forms are the same function: agreement far below float32's epsilon is the kernels' check
+    exact = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5], dtype="float64")
+    assert exact["kernels"]["native"]["grad_max_rel_diff"] < 1e-9 and exact["kernels"]["native"]["loss_rel_diff"] < 1e-9
     r = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5])
     assert r["models"] == 2 * 3 * 2 and r["step_kernel"] == "native"
     assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
-    # float32 rounding through up to three cubic layers, compounded by two forms; the kernels' exact check is the
-    # float64 training twin (test_gating_fig2: 1e-9)
-    assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e-3 and r["kernels"]["native"]["loss_rel_diff"] < 1e-5
+    # the paper's float32: each form rounds differently through up to three cubic layers and T-long sums (measured
+    # 2e-5 in the loss, 1.3e-4 in the gradients at batch 8); a wrong kernel is caught above, this bounds the
+    # float32 rounding at 10^3 epsilons (1.2e-4) for the loss and 10^4 for the gradients
+    eps = float(np.finfo(np.float32).eps)
+    assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e4 * eps and r["kernels"]["native"]["loss_rel_diff"] < 1e3 * eps
     assert r["step_s"] > 0

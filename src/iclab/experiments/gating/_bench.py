@@ -282,13 +282,14 @@ def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: 
 
 
 def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
-                     kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+                     kernels: tuple[str, ...] = ("xla", "native"), dtype: str | None = None) -> dict:
     """gating.fig1's paper training step against its floor (module docstring).
 
     Args:
         steps: steps per timed loop.
         seeds, batch: the preset's (10, 256) unless set (smaller only to test the benchmark).
         kernels: the kernels whose summed loss and gradient are timed side by side (and compared with the first).
+        dtype: the preset's training dtype (float32) unless set; float64 makes the kernels' comparison exact.
     Returns:
         JSON-able dict: models, floor flops per step, sampling / loss-and-gradient seconds per kernel (with their
         agreement), the whole step in the preset's kernel, achieved GFLOP/s, XLA's count of its own loss and
@@ -296,13 +297,14 @@ def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None
     """
     from iclab.experiments.gating.fig1 import _models
 
-    over = {k: v for k, v in (("seeds", seeds), ("batch", batch)) if v is not None}
+    over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("dtype", dtype)) if v is not None}
     return _paper_step("gating.fig1", _models, lambda c: fig1_floor_flops_per_step(c, _models(c)), steps, over,
                        kernels)
 
 
 def bench_fig2_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
-                     n_bars: list[int] | None = None, kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+                     n_bars: list[int] | None = None, kernels: tuple[str, ...] = ("xla", "native"),
+                     dtype: str | None = None) -> dict:
     """gating.fig2's paper training step against its floor (module docstring); arguments as
     :func:`bench_fig1_paper`, ``n_bars`` a subset of the grid (e.g. one shard's; the draw stays at the grid's
     largest n̄ only when that n̄ is in the subset).
@@ -312,5 +314,6 @@ def bench_fig2_paper(steps: int = 3, seeds: int | None = None, batch: int | None
     """
     from iclab.experiments.gating.fig2 import _models
 
-    over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("n_bars", n_bars)) if v is not None}
+    over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("n_bars", n_bars), ("dtype", dtype))
+            if v is not None}
     return _paper_step("gating.fig2", _models, fig2_floor_flops_per_step, steps, over, kernels)
