@@ -279,9 +279,10 @@ def _deep_model_evidence(r: dict, name: str, deep: list[int]) -> str:
                 t = 1 + int(np.nanargmax(rec[1:]))
                 if rec[t] > SPIKE * rec[0]:
                     found["spiked"].append(f"{tag} ({rec[t]:.3g} at step {steps[t]:.0f}, last {rec[-1]:.3g})")
-                late, mid = np.nanmean(rec[-max(1, R // 10):]), np.nanmean(rec[int(0.6 * R):int(0.7 * R)])
-                if R >= 10 and late < (1 - STILL_FALLING) * mid:
-                    found["still descending"].append(f"{tag} (−{1 - late / mid:.1%} over the last 30 % of the run)")
+                if R >= 10:  # fewer records give no window to compare (and an empty mean)
+                    late, mid = np.nanmean(rec[-(R // 10):]), np.nanmean(rec[int(0.6 * R):int(0.7 * R)])
+                    if late < (1 - STILL_FALLING) * mid:
+                        found["still descending"].append(f"{tag} (−{1 - late / mid:.1%} over the last 30 % of the run)")
                 err, se = r[f"{name}_err"][s, i, k], r[f"{name}_err_se"][s, i, k]
                 if se > HEAVY_TAIL * err:
                     found[f"heavy-tailed {name} estimate"].append(f"{tag} ({err:.3g} ± {se:.3g})")
