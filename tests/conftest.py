@@ -20,8 +20,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-# A small linattn.fig1 (P = 200 prompts, 3000 steps, records every 5 steps: 10 chunks per engine
-# loop) swept over two init scales: the reference that the fault and Ray tests compare with.
+# A small linattn.fig1 (P = 200 prompts, 3000 steps, records every 5 steps: 11 chunks of
+# at most 64 records per engine loop) swept over two init scales: the reference that the fault and Ray tests compare with.
 FIG1_SMALL = {"P": 200, "steps": 3000, "record_every": 5}
 
 

@@ -139,10 +139,13 @@ class KillAfter(Reporter):
 
 
 def test_a_stopped_run_resumes_from_its_checkpoints_bit_for_bit(tmp_path):
-    over = {"steps": 2000, "record_every": 2}  # 1001 records: 16 chunks of 64 per task
+    # 1001 records per task: the first, then chunks of 1, 15 × 64 and 39 records (a chunk after the first
+    # holds as many records as fit in 2 s, at most 64: here always 64, a record costs microseconds)
+    over = {"steps": 2000, "record_every": 2}
     twin = run_experiment(TOY, "quick", over, seeds=2, root=tmp_path / "twin", checkpoint_every=0)
-    # 17 progress updates per task (the first record, 16 chunks); stopped at the 25th update: in
-    # the second task after its 7th chunk, whose last checkpoint (every 2 chunks) holds 6 chunks.
+    # 18 progress updates per task (the first record, 17 chunks); stopped at the 25th update: in the
+    # second task after its 6th chunk, whose last checkpoint (every 2 chunks) holds 4 chunks: 1 + 3 · 64
+    # records, step 2 · 193 = 386.
     with pytest.raises(KeyboardInterrupt):
         run_experiment(TOY, "quick", over, seeds=2, root=tmp_path / "r", reporter=KillAfter(24), checkpoint_every=2)
     store = Store(tmp_path / "r")
@@ -150,14 +153,14 @@ def test_a_stopped_run_resumes_from_its_checkpoints_bit_for_bit(tmp_path):
     assert running == ["001-toy_0-1.npz", "002-toy_1-1.npz"]
     resumed = run_experiment(TOY, "quick", over, seeds=2, root=tmp_path / "r", checkpoint_every=2)
     assert not resumed.reused and resumed.status == "done" and resumed.passed
-    assert resumed.resumed == ["toy 0: resumed at step 2000 of 2000 (finished)", "toy 1: resumed at step 768 of 2000"]
+    assert resumed.resumed == ["toy 0: resumed at step 2000 of 2000 (finished)", "toy 1: resumed at step 386 of 2000"]
     a, b = np.load(twin.path / "trajectories.npz"), np.load(resumed.path / "trajectories.npz")
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)  # bit for bit
     assert [r[1] for r in index(store.root)] == ["interrupted", "done"]
     assert not (store.root / ".running" / resumed.path.name).exists()  # checkpoints gone once stored
-    assert "resumed: toy 1: resumed at step 768" in (resumed.path / "log.txt").read_text()
+    assert "resumed: toy 1: resumed at step 386" in (resumed.path / "log.txt").read_text()
 
 
 def test_checkpoints_of_another_config_or_a_changed_loop_are_not_used(tmp_path):

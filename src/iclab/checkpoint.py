@@ -9,8 +9,10 @@ checkpoint of the same loop it restores it and goes on from there. Experiments n
 a checkpoint is keyed by the task's order within the run and its label, and by the loop's order
 within the task, so a deterministic experiment meets its own checkpoints again on a rerun.
 
-Loops resume at the chunk boundary they saved, with the same chunk sizes after it, so a resumed
-run computes exactly the arithmetic of an uninterrupted one (bit for bit).
+Loops resume at the chunk boundary they saved. ``run_loop``'s chunks all run one compiled program (their
+record count is an argument), so a resumed run computes exactly the arithmetic of an uninterrupted one (bit
+for bit) whatever the chunk lengths before and after; the gradient-flow integrator resumes with the same
+chunk sizes after it, to the same end.
 
 When: every ``every_chunks`` chunks (``ICLAB_CHECKPOINT_EVERY``; 0 turns checkpoints off), and
 whenever ``every_seconds`` have passed since the last save (``ICLAB_CHECKPOINT_SECONDS``, default

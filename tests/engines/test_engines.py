@@ -140,3 +140,49 @@ def test_minibatch_is_reproducible_and_fresh_each_step():
     np.testing.assert_array_equal(a.loss, b.loss)
     assert np.abs(a.loss - c.loss).max() > 0
     assert a.loss[-1] < 1e-3 * a.loss[0]  # learns w_true from fresh batches
+
+
+def _loop_problem():
+    from iclab.engines._loop import LoopState
+
+    params, aux = _problem()
+    opt = optax.adam(1e-2)
+
+    def step(s):
+        updates, o = opt.update(jax.grad(_quadratic)(s.params, s.aux), s.opt_state, s.params)
+        return s._replace(params=optax.apply_updates(s.params, updates), opt_state=o, step=s.step + 1)
+
+    def observe(s):
+        return {"loss": _quadratic(s.params, s.aux), "t": s.step.astype(float), "a": s.params["a"]}
+
+    return step, observe, LoopState(params, opt.init(params), jnp.asarray(0), jnp.asarray(0.0), aux, None)
+
+
+@pytest.mark.parametrize("chunk_seconds,records_per_chunk", [(0.0, 64), (1e9, 5), (1e9, 64)])
+def test_a_loop_gives_the_same_numbers_whatever_its_chunks(chunk_seconds, records_per_chunk):
+    """One record per chunk (chunk_seconds 0), 5, or 64 at most: bit for bit the same records and final
+    state, and one progress report per chunk."""
+    from iclab.engines._loop import run_loop
+
+    step, observe, state = _loop_problem()
+    reports = []
+    steps, obs, final = run_loop(step, observe, state, 203, 3, callback=lambda k, o: reports.append(k),
+                                 chunk_seconds=chunk_seconds, records_per_chunk=records_per_chunk)
+    ref_steps, ref, ref_final = run_loop(step, observe, state, 203, 3)
+    np.testing.assert_array_equal(steps, ref_steps)
+    for k in ref:
+        np.testing.assert_array_equal(obs[k], ref[k], err_msg=k)
+    np.testing.assert_array_equal(final.params["a"], ref_final.params["a"])
+    # the first record; chunks of 1 record, then (chunk_seconds huge) of records_per_chunk; the last step
+    n_full = 203 // 3
+    if chunk_seconds == 0:
+        expected = [0] + [3 * (i + 1) for i in range(n_full)] + [203]
+    else:
+        done = [1] + list(range(1 + records_per_chunk, n_full, records_per_chunk)) + [n_full]
+        expected = [0] + [3 * d for d in done] + [203]
+    assert reports == expected
+    # and the naive loop of the same steps
+    s = state
+    for _ in range(203):
+        s = step(s)
+    np.testing.assert_allclose(final.params["a"], s.params["a"], rtol=1e-13)

@@ -12,12 +12,20 @@ latest observation for a progress bar, and, when the callback carries them (runs
   :class:`Diverged`, which carries the step, the last finite loss and the finite part of the
   trajectory.
 
-Chunking changes nothing in the arithmetic: the trajectory is the same for any chunk size.
+Chunking changes nothing in the arithmetic: the trajectory is the same for any chunk size. A chunk
+is ONE compiled program whose record count is a runtime argument (a loop of ``n ≤ records_per_chunk``
+records writing into a buffer of ``records_per_chunk``), so every chunk runs the same executable,
+whatever its length: chunk lengths may follow the clock without changing a bit of the numbers. The
+first chunk holds one record; each later chunk holds as many records as fit in ``chunk_seconds`` at the
+measured cost of a record (at most ``records_per_chunk``). Cheap records (µs to ms) thus run 64 to a
+call, and a training whose record takes minutes reports progress, and checkpoints, record by record.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
+
+import time
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +116,7 @@ def run_loop(
     batched: bool = False,
     callback: Callback | None = None,
     records_per_chunk: int = 64,
+    chunk_seconds: float = 2.0,
     unroll: int = 1,
 ):
     """Runs ``step_fn`` n_steps times and returns (records, final state).
@@ -120,7 +129,10 @@ def run_loop(
         record_every: record spacing in steps (the last step is always recorded).
         batched: vmap step and observe over a leading seed axis.
         callback: called on the host after each chunk with (step, last observation).
-        records_per_chunk: records computed per jitted call.
+        records_per_chunk: the most records computed per call of the compiled chunk.
+        chunk_seconds: the wall time a chunk aims at: the first chunk holds one record, each later one as
+            many as took that long in the chunk before (1 to ``records_per_chunk``). Progress reports and
+            checkpoints come between chunks; the numbers do not depend on the chunk lengths.
         unroll: steps unrolled per iteration of the compiled step loop: >1 trims the loop overhead
             (~1 µs per iteration on a CPU) where a step costs only a few µs (the moments engine), at
             the price of compile time; the arithmetic of each step is unchanged.
@@ -135,18 +147,26 @@ def run_loop(
     def advance(state, n):
         return jax.lax.fori_loop(0, n, lambda _, s: step_fn(s), state, unroll=max(1, min(unroll, n)))
 
-    @jax.jit
-    def chunk_equal(state, n_records_dummy):
-        def body(s, _):
-            s = advance(s, record_every)
-            return s, observe(s)
-
-        return jax.lax.scan(body, state, None, length=n_records_dummy.shape[0])
-
     ckpt = loop_checkpoint(callback)
     guard = DivergenceGuard(callback, batched, record_axis=0)
     first = jax.jit(observe)(state)
     records = [jax.tree_util.tree_map(lambda a: np.asarray(a)[None], first)]
+    cap = max(1, int(records_per_chunk))
+
+    @jax.jit
+    def chunk_equal(state, n):
+        """n (traced, 1 ≤ n ≤ cap) records of ``record_every`` steps each: (state, observations (cap, ...)),
+        rows ≥ n unused. One executable for every n."""
+        buffer = jax.tree_util.tree_map(lambda a: jnp.zeros((cap,) + jnp.shape(a), jnp.result_type(a)), first)
+
+        def body(i, carry):
+            s, buf = carry
+            s = advance(s, record_every)
+            buf = jax.tree_util.tree_map(lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, i, 0), buf, observe(s))
+            return s, buf
+
+        return jax.lax.fori_loop(0, n, body, (state, buffer))
+
     n_full = int(np.sum(gaps == record_every))
     expect = {"kind": "run_loop", "n_steps": int(n_steps), "record_every": int(record_every),
               "batched": bool(batched), "records_per_chunk": int(records_per_chunk)}
@@ -163,12 +183,17 @@ def run_loop(
         last = jax.tree_util.tree_map(lambda a: np.asarray(a)[-1], records[-1])
         callback(int(steps[len(_first_leaf(records[0])) - 1]), last)
     guard.check(records, steps)
+    if done < n_full and not finished:  # compiled by a call of no record, so that each timed call is the records'
+        jax.block_until_ready(chunk_equal(state, jnp.asarray(0, jnp.int32)))
+    n = 1  # the first chunk: one record, timed; then as many as fit in chunk_seconds
     while done < n_full and not finished:
-        n = min(records_per_chunk, n_full - done)
-        state, obs = chunk_equal(state, jnp.zeros(n))
-        obs = jax.tree_util.tree_map(np.asarray, obs)
+        m = min(n, n_full - done)
+        start = time.perf_counter()
+        state, obs = chunk_equal(state, jnp.asarray(m, jnp.int32))
+        obs = jax.tree_util.tree_map(lambda a: np.asarray(a)[:m], obs)
+        n = int(np.clip(chunk_seconds * m / max(time.perf_counter() - start, 1e-9), 1, cap))
         records.append(obs)
-        done += n
+        done += m
         if callback is not None:
             callback(int(steps[done]), jax.tree_util.tree_map(lambda a: a[-1], obs))
         guard.check(records, steps)

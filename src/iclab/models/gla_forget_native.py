@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclab._host import host_call
 from iclab.threads import thread_count
 
 __all__ = ["gla_layer", "multilayer_mse", "readout_grid"]
@@ -148,7 +149,7 @@ def _forward(Z, u, c, lam):
     shapes = (jax.ShapeDtypeStruct((G, K, B), dt), jax.ShapeDtypeStruct((G, K, B, D), dt),
               jax.ShapeDtypeStruct((G, K, B, D), dt), jax.ShapeDtypeStruct((G, K, B), dt))
     u, c, lam = (jnp.asarray(a, dt) for a in (u, c, lam))
-    return jax.pure_callback(_host_forward, shapes, Z, u, c, lam, vmap_method="sequential")
+    return host_call(_host_forward, shapes, Z, u, c, lam, vmap_method="sequential")
 
 
 @jax.custom_vjp
@@ -394,8 +395,8 @@ def _host_layer_backward(Z, WQ, WK, WV, lam, dO, residual: bool = False):
 @jax.custom_vjp
 def _layer(Z, WQ, WK, WV, lam):
     dt = Z.dtype
-    return jax.pure_callback(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, dt), Z, WQ.astype(dt), WK.astype(dt),
-                             WV.astype(dt), jnp.asarray(lam, dt), vmap_method="sequential")
+    return host_call(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, dt), Z, WQ.astype(dt), WK.astype(dt),
+                     WV.astype(dt), jnp.asarray(lam, dt), vmap_method="sequential")
 
 
 def _layer_fwd(Z, WQ, WK, WV, lam):
@@ -408,9 +409,9 @@ def _layer_bwd(res, dO):
     B, T, D = Z.shape
     shapes = (jax.ShapeDtypeStruct(Z.shape, dt),) + (jax.ShapeDtypeStruct((D, D), dt),) * 3 + (
         jax.ShapeDtypeStruct((), dt),)
-    dZ, gQ, gK, gV, gl = jax.pure_callback(_host_layer_backward, shapes, Z, WQ.astype(dt), WK.astype(dt),
-                                           WV.astype(dt), jnp.asarray(lam, dt), dO.astype(dt),
-                                           vmap_method="sequential")
+    dZ, gQ, gK, gV, gl = host_call(_host_layer_backward, shapes, Z, WQ.astype(dt), WK.astype(dt),
+                                   WV.astype(dt), jnp.asarray(lam, dt), dO.astype(dt),
+                                   vmap_method="sequential")
     return (dZ, gQ.astype(WQ.dtype), gK.astype(WK.dtype), gV.astype(WV.dtype),
             jnp.asarray(gl, jnp.result_type(lam)).reshape(jnp.shape(lam)))
 
@@ -520,8 +521,8 @@ def _multilayer_call(Z, WQ, WK, WV, lam, y):
     L, D = WQ.shape[0], Z.shape[-1]
     shapes = (jax.ShapeDtypeStruct((), dt),) + (jax.ShapeDtypeStruct((L, D, D), dt),) * 3 + (
         jax.ShapeDtypeStruct((), dt),)
-    return jax.pure_callback(_host_multilayer_mse, shapes, Z, WQ.astype(dt), WK.astype(dt), WV.astype(dt),
-                             jnp.asarray(lam, dt), y.astype(dt), vmap_method="sequential")
+    return host_call(_host_multilayer_mse, shapes, Z, WQ.astype(dt), WK.astype(dt), WV.astype(dt),
+                     jnp.asarray(lam, dt), y.astype(dt), vmap_method="sequential")
 
 
 @jax.custom_vjp

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclab._host import host_call
 from iclab.models import gla
 from iclab.threads import thread_count
 
@@ -505,7 +506,7 @@ def _grid_loss(kind: str, head: bool, label: int, positions: bytes, pshape: tupl
         args = [jnp.asarray(a, dt) for a in args]
         shapes = (jax.ShapeDtypeStruct((M, G), dt),) + tuple(
             jax.ShapeDtypeStruct(a.shape, dt) for a in args[2:])
-        out = jax.pure_callback(host, shapes, *args, vmap_method="broadcast_all")
+        out = host_call(host, shapes, *args, vmap_method="broadcast_all")
         grads = {"Wq": out[1], "Wk": out[2], "Wv": out[3]}
         if kind == "scalar":
             grads["w_g"] = out[4]
@@ -814,8 +815,8 @@ def _host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO, residual: bool = False):
 
 @jax.custom_vjp
 def _gated_layer(Z, Wq, Wk, Wv, wg):
-    return jax.pure_callback(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, Z.dtype), Z, Wq, Wk, Wv, wg,
-                             vmap_method="sequential")
+    return host_call(_host_layer_forward, jax.ShapeDtypeStruct(Z.shape, Z.dtype), Z, Wq, Wk, Wv, wg,
+                     vmap_method="sequential")
 
 
 def _gated_layer_fwd(Z, Wq, Wk, Wv, wg):
@@ -828,8 +829,8 @@ def _gated_layer_bwd(res, dO):
     D = Z.shape[-1]
     shapes = (jax.ShapeDtypeStruct(Z.shape, Z.dtype),) + (jax.ShapeDtypeStruct((D, D), Z.dtype),) * 3 + (
         jax.ShapeDtypeStruct((D,), Z.dtype),)
-    return jax.pure_callback(_host_layer_backward, shapes, Z, Wq, Wk, Wv, wg, O, dO.astype(Z.dtype),
-                             vmap_method="sequential")
+    return host_call(_host_layer_backward, shapes, Z, Wq, Wk, Wv, wg, O, dO.astype(Z.dtype),
+                     vmap_method="sequential")
 
 
 _gated_layer.defvjp(_gated_layer_fwd, _gated_layer_bwd)
@@ -922,7 +923,7 @@ def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: 
         stacked = [jnp.stack([jnp.asarray(layer[k], dt) for layer in layers], axis=2) for k in names]  # (M, G, L, …)
         M, G = stacked[0].shape[:2]
         shapes = (jax.ShapeDtypeStruct((M, G), dt),) + tuple(jax.ShapeDtypeStruct(a.shape, dt) for a in stacked)
-        out = jax.pure_callback(host, shapes, Z, y.astype(dt), *stacked, vmap_method="broadcast_all")
+        out = host_call(host, shapes, Z, y.astype(dt), *stacked, vmap_method="broadcast_all")
         grads = [{k: out[1 + i][:, :, l].astype(layers[l][k].dtype) for i, k in enumerate(names)}
                  for l in range(len(layers))]
         return out[0], grads

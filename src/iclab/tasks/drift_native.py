@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclab._host import host_call
 from iclab.threads import thread_count
 
 __all__ = ["sample_training_batch"]
@@ -207,5 +208,5 @@ def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, 
     G, d = gamma.shape[0], Lam.shape[-1]
     shapes = (jax.ShapeDtypeStruct((G, B, n + 1, d + 1), dtype), jax.ShapeDtypeStruct((G, B), dtype))
     host = functools.partial(_host, B=B, T=n + 1, dtype=np.dtype(dtype))
-    return jax.pure_callback(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
-                             jnp.sqrt(sigma_e2), chol, vmap_method="sequential")
+    return host_call(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
+                     jnp.sqrt(sigma_e2), chol, vmap_method="sequential")
