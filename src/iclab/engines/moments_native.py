@@ -30,6 +30,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from iclab._numba import compile_kernels
 from iclab.engines._loop import Callback, DivergenceGuard, Trajectory, record_steps
 from iclab.engines.moments import SufficientStatistics
 from iclab.threads import thread_count
@@ -180,12 +181,9 @@ def kernel(v, U, Gs, m, c, lr, n_steps, rec_steps, rec_loss, rec_v, rec_U):
 @functools.cache
 def _kernel(model: str, D: int):
     """The compiled kernel of ``model`` for this D (compiled on first call, ~1-4 s at D = 8)."""
-    import numba
-
     source = (_attn_s_source if model == "attn_s" else _attn_m_source)(D)
-    namespace = {"np": np, "F": D * D}
-    exec(compile(source, f"<iclab moments kernel {model}, D={D}>", "exec"), namespace)
-    return numba.njit(fastmath=_FASTMATH, nogil=True)(namespace["kernel"])
+    return compile_kernels(source, ["kernel"], label=f"iclab moments kernel {model}, D={D}", constants={"F": D * D},
+                           fastmath=_FASTMATH, nogil=True)[0]
 
 
 def _vec_columns(U: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab._host import host_call
+from iclab._numba import compile_kernels
 from iclab.threads import thread_count
 
 __all__ = ["gla_layer", "multilayer_mse", "readout_grid"]
@@ -106,11 +107,8 @@ def _source(D: int) -> str:
 def _kernel(D: int):
     """The compiled kernel for width D (compiled on first call per dtype, ~3 s): jobs [first, stop) of the G × ⌈B/CH⌉
     blocks. Serial code (numba's parallel mode doubles the compile time); threads split the jobs (``_host_forward``)."""
-    import numba
-
-    namespace = {"np": np, "CH": CHUNK}
-    exec(compile(_source(D), f"<iclab GLA read-out kernel, D={D}>", "exec"), namespace)
-    return numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)(namespace["kernel"])
+    return compile_kernels(_source(D), ["kernel"], label=f"iclab GLA read-out kernel, D={D}", constants={"CH": CHUNK},
+                           fastmath=_FASTMATH, nogil=True, boundscheck=False)[0]
 
 
 def _readonly(a, dtype) -> np.ndarray:
@@ -351,12 +349,8 @@ def _layer_source(D: int, residual: bool = False) -> str:
 @functools.cache
 def _layer_kernels(D: int, residual: bool = False):
     """(forward, backward) compiled for width D (on first call per dtype, a few seconds each)."""
-    import numba
-
-    namespace = {"np": np, "CH": CHUNK}
-    exec(compile(_layer_source(D, residual), f"<iclab GLA layer kernels, D={D}>", "exec"), namespace)
-    jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
-    return jit(namespace["forward"]), jit(namespace["backward"])
+    return compile_kernels(_layer_source(D, residual), ["forward", "backward"], label=f"iclab GLA layer kernels, D={D}",
+                           constants={"CH": CHUNK}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
 def _run_blocks(kernel, blocks: int, *args) -> None:

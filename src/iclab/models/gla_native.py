@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab._host import host_call
+from iclab._numba import compile_kernels
 from iclab.models import gla
 from iclab.threads import thread_count
 
@@ -416,14 +417,11 @@ def _kernel(kind: str, D: int, dtype: str, residual: bool = False):
     """The kernel of one gating kind (``none``, ``scalar``, ``vector``) for width D and a float dtype (compiled on
     first use, a few seconds). Serial code; threads split the jobs (``_run_jobs``). ``residual`` (scalar and no
     gates): the last layer of a residual stack, ŷ = z_T[label] + (o_T)[label], and the token cotangents dZ."""
-    import numba
-
     if residual and kind == "vector":
         raise ValueError("the residual read-out is built for scalar or no gates")
-    namespace = {"np": np, "CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none",
-                 "RESIDUAL": residual}
-    exec(compile(_source(kind), f"<iclab GLA query-loss kernel, {kind}, D={D}>", "exec"), namespace)
-    return numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)(namespace["kernel"])
+    constants = {"CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none", "RESIDUAL": residual}
+    return compile_kernels(_source(kind), ["kernel"], label=f"iclab GLA query-loss kernel, {kind}, D={D}",
+                           constants=constants, fastmath=_FASTMATH, nogil=True, boundscheck=False)[0]
 
 
 @functools.cache
@@ -779,12 +777,10 @@ LAYER_CHUNK = 64
 @functools.cache
 def _gated_layer_kernels(D: int, dtype: str, residual: bool = False):
     """(forward, backward) compiled for width D and a float dtype (on first use, a few seconds each)."""
-    import numba
-
-    namespace = {"np": np, "CH": LAYER_CHUNK, "F": getattr(np, dtype)}
-    exec(compile(_gated_layer_source(D, residual), f"<iclab gated GLA layer kernels, D={D}>", "exec"), namespace)
-    jit = numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
-    return jit(namespace["forward"]), jit(namespace["backward"])
+    return compile_kernels(_gated_layer_source(D, residual), ["forward", "backward"],
+                           label=f"iclab gated GLA layer kernels, D={D}", constants={"CH": LAYER_CHUNK,
+                                                                                     "F": getattr(np, dtype)},
+                           fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
 def _host_layer_forward(Z, Wq, Wk, Wv, wg, residual: bool = False):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab._host import host_call
+from iclab._numba import compile_kernels
 from iclab.threads import thread_count
 
 __all__ = ["sample_training_batch"]
@@ -154,14 +155,8 @@ def _ziggurat() -> tuple[np.ndarray, np.ndarray]:
 
 @functools.cache
 def _kernel():
-    import numba
-
-    namespace = {"np": np}
-    exec(compile(_source(), "<iclab drift sampling kernel>", "exec"), namespace)
-    jit = numba.njit(nogil=True, boundscheck=False)
-    for name in ("philox", "uniform", "normals"):
-        namespace[name] = jit(namespace[name])
-    return jit(namespace["kernel"])
+    return compile_kernels(_source(), ["philox", "uniform", "normals", "kernel"], label="iclab drift sampling kernel",
+                           nogil=True, boundscheck=False)[-1]
 
 
 def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype):

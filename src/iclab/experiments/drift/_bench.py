@@ -131,7 +131,7 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     floor = B * floor_flops_per_prompt(T, D, depths)
     key = jax.random.PRNGKey(0)
     batch0 = jax.jit(sample)(key)
-    out = {"models": len(depths), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
+    out = {"models": len(depths), "G": len(gammas), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
            "sample_s": _timed(jax.jit(sample), key), "sample_s_xla": _timed(jax.jit(sample_xla), key),
            "sample_s_native": _timed(jax.jit(sample_native), key), "xla_flops_sample": compiled_flops(sample_xla, key),
            "forms": {}}
@@ -196,6 +196,30 @@ def _kernel_roofline(B: int, T: int, D: int) -> dict:
     return out
 
 
+def _callback_roofline(G: int, K: int, B: int, T: int, D: int) -> dict:
+    """The read-out kernel of fig1's grid (``gla_forget_native.readout_grid``, float32) called three ways: on
+    numpy arrays (the kernel alone), from jitted code through ``iclab._host.host_call`` (the experiments' path)
+    and through ``jax.pure_callback`` (which copies the 111 MB of tokens twice more): seconds per call."""
+    from iclab import _host
+    from iclab.models import gla_forget_native as native
+
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((G, B, T, D)).astype(np.float32)
+    u = rng.standard_normal((G, K, D)).astype(np.float32)
+    c = rng.standard_normal((G, K, B, D)).astype(np.float32)
+    lam = np.full((G, K), 0.9, np.float32)
+    out = {"kernel_alone_s": _timed(native._host_forward, Z, u, c, lam, repeats=3)}
+    args = tuple(jnp.asarray(a) for a in (Z, u, c, lam))
+    prim = _host._PRIM
+    try:
+        for name, p in (("host_call_s", prim), ("pure_callback_s", None)):
+            _host._PRIM = p  # host_call falls back to jax.pure_callback without its primitive
+            out[name] = _timed(jax.jit(lambda *a: native.readout_grid(*a)), *args, repeats=3)
+    finally:
+        _host._PRIM = prim
+    return out
+
+
 def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "native"),
                 fig1_kernels: tuple[str, ...] = ("xla", "native")) -> dict:
     """Roofline of drift.fig1's and drift.fig2's paper training steps (module docstring).
@@ -209,7 +233,9 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
     Returns:
         JSON-able dict: per setting the floor flops, sampling / loss-and-gradient / step seconds, achieved GFLOP/s
         and their fraction of the matmul peak, XLA's counts, the forms' agreement; the compiled layer kernels
-        alone (``native_layer_kernels``: seconds, GFLOP/s, fraction of the peak); the peak; load and device.
+        alone (``native_layer_kernels``: seconds, GFLOP/s, fraction of the peak); fig1's read-out kernel alone, through
+        ``host_call`` and through ``jax.pure_callback`` (``readout_callback``: seconds per call); the peak; load and
+        device.
     """
     load_before = os.getloadavg()
     out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels)),
@@ -219,6 +245,8 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
     for name in ("forward", "backward"):
         kernels[f"layer_{name}_fraction_of_matmul_peak"] = kernels[f"layer_{name}_gflops"] / peak
     out["native_layer_kernels"] = kernels
+    f1 = out["fig1"]
+    out["readout_callback"] = _callback_roofline(f1["G"], f1["models"] // f1["G"], f1["batch"], f1["T"], f1["D"])
     for entry in (out["fig1"], out["fig2"]):
         entry["fraction_of_matmul_peak_step"] = entry["achieved_gflops_step"] / peak
         for f in entry["forms"].values():

@@ -467,10 +467,14 @@ register(
         presets={
             "quick": {"d": 5, "p": 5, "n_bars": [0, 2, 5, 10], "vector_panels": ["d"], "restarts": 3, "steps": 1000,
                       "lr": 0.01, "lr_schedule": "cosine", "seeds": 2, "n_eval": 4096, "restricted_steps": 800,
-                      "record_every": 100},
+                      "record_every": 100, "kernel": "native"},
             "paper": {"seeds": 10, "kernel": "native"},
         },
-        runtime={"quick": "93-110 s on the idle 2-core machine (re-measured 25 Nov 2026, 15/15; the last, 109.5 s, after the evaluation's compilations were cut from 4 to 2): over the 60 s quick budget; in the 93-103 s runs 52 s of it was XLA compilation (the training loop alone 14 s), the 1000 joint Adam steps 40 s, evaluation, restricted training and matching 33 s",
+        runtime={"quick": "42.5 s on the idle 2-core machine with the compiled kernels (kernel = native) loaded "
+                          "from the kernel cache (iclab._numba: every later run on a machine), 61.3 s on a "
+                          "machine's first run, which compiles them (measured 27 Nov 2026, 15/15 both); with "
+                          "kernel = xla (the quick preset before 27 Nov) 74 s that day, 93-110 s on 25 Nov, of "
+                          "which 52 s XLA compilation",
                  "paper": "9913 s (2.75 h; run 26 Nov 2026 with the compiled kernels, kernel = native, while "
                           "drift.fig2's paper preset and short tests shared the two cores for over an hour of it; idle, "
                           "`iclab bench gating` gives 0.82 s per Adam step, ≈ 2.3 h for the 10 000 steps, and "
