@@ -49,3 +49,24 @@ def test_a_kernel_compiles_once_and_later_processes_load_it(tmp_path):
 def test_without_a_cache_the_kernel_compiles_in_memory(tmp_path):
     off = _run("off", seed=0)
     assert off["out"] == [3.0 * i + 1.5 for i in range(5)] and off["hits"] == 0
+
+
+def test_a_damaged_cached_source_is_written_again(tmp_path):
+    cache = tmp_path / "cache"
+    first = _run(cache, seed=0)
+    (path,) = cache.glob("k_*.py")
+    path.write_text("def kernel(:\n")  # damaged: not even Python
+    again = _run(cache, seed=0)
+    assert again["out"] == first["out"] and "def kernel(a, out):" in path.read_text()
+
+
+def test_damaged_machine_code_in_the_cache_is_compiled_again(tmp_path):
+    cache = tmp_path / "cache"
+    first = _run(cache, seed=0)
+    damaged = list((cache / "__pycache__").glob("k_*.nb[ic]"))
+    assert damaged
+    for path in damaged:
+        path.write_bytes(b"garbage")  # numba itself would raise reading these
+    again = _run(cache, seed=0)
+    assert again["out"] == first["out"] and again["misses"] == 1
+    assert _run(cache, seed=0)["hits"] == 1  # and cached again

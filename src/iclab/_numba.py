@@ -40,10 +40,14 @@ def kernel_cache_dir() -> Path | None:
 
 
 def _write_once(path: Path, text: str) -> None:
-    """Writes text to path unless it is there (atomically: a temporary file renamed), so that a reader never
-    sees a half-written module and an existing file keeps its timestamp (numba's cache index depends on it)."""
-    if path.exists():
-        return
+    """Writes text to path unless it holds it already (atomically: a temporary file renamed), so that a reader
+    never sees a half-written module and an intact file keeps its timestamp (numba's cache index depends on it).
+    A damaged file (other content) is replaced."""
+    try:
+        if path.read_text() == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
     try:
         with os.fdopen(fd, "w") as f:
@@ -53,6 +57,27 @@ def _write_once(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _drop_damaged(folder: Path, key: str) -> None:
+    """Deletes numba's cache files of these kernels that cannot be read back (numba would raise on them, not
+    recompile): an index (.nbi) or a machine-code file (.nbc) that does not unpickle. numba then compiles the
+    kernel again and rewrites them."""
+    import pickle
+
+    for path in (folder / "__pycache__").glob(f"k_{key}.*.nb[ic]"):
+        try:
+            with open(path, "rb") as f:
+                if path.suffix == ".nbi":
+                    pickle.load(f)  # numba's format version, then the pickled index
+                pickle.loads(f.read())
+        except FileNotFoundError:
+            pass
+        except Exception:  # noqa: BLE001 - any unreadable file is dropped
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def _literal(v) -> str:
@@ -112,4 +137,6 @@ def compile_kernels(source: str, names, *, label: str, constants: dict | None = 
             fn = numba.njit(cache=cache, **options)(fn)
             namespace[n] = fn
         out.append(fn)
+    if cache:  # after the module's functions are dispatchers: numba's pickles refer to them
+        _drop_damaged(folder, key)
     return tuple(out)
