@@ -1,4 +1,4 @@
-"""Host calls from jitted JAX code that hand the kernels XLA's own buffers: ``host_call``.
+"""Host calls from jitted JAX code without ``jax.pure_callback``'s copies of the operands: ``host_call``.
 
 The compiled CPU kernels (numba) of ``tasks.drift_native``, ``models.gla_native`` and
 ``models.gla_forget_native`` run inside jitted code as host callbacks. XLA's callback handler hands the
@@ -16,7 +16,6 @@ copies). ``host_call.direct`` says which path is in use.
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import jax
