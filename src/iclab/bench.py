@@ -27,6 +27,16 @@ BENCHMARKS = {
 
 
 def run_benchmark(name: str, **kwargs) -> dict:
-    """Runs the named benchmark and returns its measurements."""
+    """Runs the named benchmark and returns its measurements.
+
+    The process keeps its freed memory, as the training loop does (:mod:`iclab._malloc`; ``ICLAB_MALLOC=system``
+    measures glibc's defaults): ``malloc_retains_freed_memory`` in the result says which.
+    """
+    from iclab._malloc import retain_freed_memory
+
+    retained = retain_freed_memory()
     module, func, _ = BENCHMARKS[name]
-    return getattr(importlib.import_module(module), func)(**kwargs)
+    out = getattr(importlib.import_module(module), func)(**kwargs)
+    if isinstance(out, dict):
+        out["malloc_retains_freed_memory"] = retained
+    return out

@@ -334,6 +334,7 @@ def bench_cmd(
 
     if name not in BENCHMARKS:
         raise UserError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    _threads(None)
     try:
         result = run_benchmark(name)
     except RuntimeError as err:  # e.g. a timing lost in noise: say so in one line, report nothing
@@ -391,9 +392,14 @@ def index_rebuild_cmd(
 
 
 def _threads(threads: Optional[int]) -> None:
-    """Applies ``--threads`` (before anything computes); checks ``ICLAB_THREADS`` in one line."""
+    """Applies ``--threads`` (before anything computes); checks ``ICLAB_THREADS`` and ``ICLAB_MALLOC`` in one line."""
+    from iclab._malloc import retain_freed_memory
     from iclab.threads import requested_threads, set_threads
 
+    try:
+        retain_freed_memory()
+    except ValueError as err:
+        raise UserError(str(err)) from None
     if threads is not None:
         if threads < 1:
             raise UserError(f"--threads must be ≥ 1 (got {threads})")

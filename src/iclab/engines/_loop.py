@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclab._malloc import retain_freed_memory
+
 Callback = Callable[[int, dict], None]
 
 
@@ -139,6 +141,7 @@ def run_loop(
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).
     """
+    retain_freed_memory()  # a step's large buffers are reused, not faulted in again (iclab._malloc)
     if batched:
         step_fn, observe = jax.vmap(step_fn), jax.vmap(observe)
     steps = record_steps(n_steps, record_every)
