@@ -43,3 +43,17 @@ def test_checks_pass_at_theory_and_fail_when_a_filter_wins(tiny):
 def test_window_must_fit_in_the_sequence():
     with pytest.raises(ValueError, match="window"):
         baselines.BaselinesConfig(**{**TINY, "window": 100, "length": 50})
+
+
+def test_filters_on_native_sequences_match_xla_within_standard_errors():
+    """The filtered sequences from the compiled sampler (another generator, the same process): the LMS and RLS
+    errors agree with those on XLA's sequences at 4 standard errors of their difference (independent draws)."""
+    import jax
+
+    config = baselines.BaselinesConfig(**{**TINY, "trials": 1500, "chunk": 750, "length": 120, "window": 40})
+    key = jax.random.PRNGKey(7)
+    out = {s: baselines._filter_errors(config.model_copy(update={"sampler": s}), 0.9, key) for s in ("xla", "native")}
+    for name in ("lms", "rls"):
+        a, b = out["xla"], out["native"]
+        assert abs(a[name] - b[name]) < 4 * np.hypot(a[f"{name}_se"], b[f"{name}_se"]), name
+        assert a[name] != b[name]  # other generators: other numbers

@@ -17,6 +17,7 @@ from iclab.engines import seed_keys
 from iclab.experiments import get_experiment
 from iclab.experiments.drift import _common, fig1
 from iclab.progress import Reporter
+from iclab.tasks import drift_native as native_sampler
 from iclab.theory import drift as theory
 
 TINY = dict(d=3, n=8, gammas=[0.9, 0.95], lams=[0.8, 0.9, 1.0], lam_bars=[0.8, 0.9, 1.0], test_ms=[4, 8],
@@ -192,6 +193,30 @@ def test_native_readout_trains_as_the_xla_readout():
             for kernel in ("xla", "native")}
     (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
     np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
+    for k in p_x["g"]:
+        np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
+    assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
+
+
+@pytest.mark.slow  # ~25 s: two compiled training loops
+def test_shared_layout_trains_as_the_tokens():
+    """sampler = kernel = native with one-layer models: train_groups draws the batches in the shared layout
+    (inputs once, labels per γ: sample_shared_batch, readout_grid_shared); against the same batches as tokens
+    read by XLA (sampler native, kernel xla), float64, two seeds, a learnt λ, with an eval set (tokens, read by
+    readout_grid): the same losses, eval losses and weights to rounding."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64", "sampler": "native"})
+    gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
+    learn = np.array([[False, True, False]] * 2)
+    Z, y = native_sampler.sample_training_batch(jax.random.PRNGKey(9), 30, gamma=gammas, sigma_w2=config.sigma_w2,
+                                                sigma_e2=config.sigma_e2, n=config.n, Lam=config.Lam(),
+                                                dtype=jnp.float64)
+    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas,
+                                         {"g": _common.Group(lams, learn=learn)}, eval_set=(Z, y))
+            for kernel in ("xla", "native")}
+    (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
+    np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(tr_n.metrics["eval"]["g"]), np.asarray(tr_x.metrics["eval"]["g"]),
+                               rtol=1e-12)
     for k in p_x["g"]:
         np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
     assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous

@@ -63,6 +63,31 @@ def test_readout_grid_equals_the_naive_readout_with_gradients(kind, B):
         assert a.shape == b.shape and _rel(a, b) < 1e-11
 
 
+def test_readout_grid_shared_equals_readout_grid_on_the_tokens_with_gradients():
+    """The shared layout (inputs once, labels per row): the same predictions bit for bit as readout_grid on the
+    tokens Z_g = [X, Y_g], and the same gradients (the same kernel arithmetic on the same block buffer)."""
+    G, K, d, n, B = 3, 2, D - 1, 11, native.CHUNK + 5
+    P = _grid("qkv", G, K, d, jnp.float64)
+    lam = jnp.array([[0.6, 0.9], [0.75, 1.0], [0.8, 0.95]])
+    rng = np.random.default_rng(2)
+    X, Y = jnp.asarray(rng.standard_normal((B, n + 1, d))), jnp.asarray(rng.standard_normal((G, B, n + 1)))
+    Y = Y.at[:, :, -1].set(0.0)
+    y = jnp.asarray(rng.standard_normal((G, B)))
+    Z = jnp.concatenate([jnp.broadcast_to(X, (G,) + X.shape), Y[..., None]], axis=-1)
+
+    def loss_shared(P, lam):
+        WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(P)
+        c = jnp.einsum("gbe,gkfe->gkbf", Z[:, :, -1, :], WKQ)
+        yhat = native.readout_grid_shared(X, Y, WV[..., -1, :], c, lam)
+        return jnp.sum(jnp.mean((yhat - y[:, None]) ** 2, -1) * jnp.arange(1, K + 1))
+
+    ref = jax.jit(jax.value_and_grad(_loss_native, argnums=(0, 1)))(P, lam, Z, y)
+    out = jax.jit(jax.value_and_grad(loss_shared, argnums=(0, 1)))(P, lam)
+    assert float(out[0]) == float(ref[0])
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.slow  # a second compilation of the kernel (float32), ~15 s
 def test_readout_grid_in_float32_is_the_float64_result_to_float32_rounding():
     G, K, d, n, B = 2, 2, D - 1, 40, 100

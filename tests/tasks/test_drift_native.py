@@ -144,3 +144,19 @@ def test_keys_vmap_threads_and_dtype(monkeypatch):
     np.testing.assert_array_equal(Z32, a[0].astype(np.float32))
     with pytest.raises(ValueError, match="n and B"):
         _draw(4, 0)
+
+
+def test_shared_layout_is_the_tokens_bit_for_bit():
+    """sample_shared_batch: the inputs once and each process's labels, Z_g = [X, Y_g] and the same targets, bit for
+    bit, with a full Λ and in float32."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((3, 3))
+    kw = dict(gamma=jnp.array([0.8, 0.95, 1.0]), sigma_w2=1.0, sigma_e2=jnp.array([0.1, 0.05, 0.0]), n=12,
+              Lam=A @ A.T + np.eye(3))
+    for dtype in (jnp.float64, jnp.float32):
+        Z, y = native.sample_training_batch(jax.random.PRNGKey(8), 70, dtype=dtype, **kw)
+        X, Y, y2 = native.sample_shared_batch(jax.random.PRNGKey(8), 70, dtype=dtype, **kw)
+        assert X.shape == (70, 13, 3) and Y.shape == (3, 70, 13) and X.dtype == dtype
+        np.testing.assert_array_equal(Z[..., :-1], np.broadcast_to(X, Z.shape[:-1] + (3,)))
+        np.testing.assert_array_equal(Z[..., -1], Y)
+        np.testing.assert_array_equal(y, y2)

@@ -35,7 +35,7 @@ from iclab._host import host_call
 from iclab._numba import compile_kernels
 from iclab.threads import thread_count
 
-__all__ = ["gla_layer", "multilayer_mse", "readout_grid"]
+__all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
 
 #: Prompts per block: the block's tokens (T·D·CH floats) stay in the L2 cache while the K models of its row pass.
 CHUNK = 64
@@ -45,12 +45,26 @@ CHUNK = 64
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-def _source(D: int) -> str:
-    """Kernel source for tokens of width D (the loops over D unrolled into scalar variables)."""
+def _source(D: int, shared: bool = False) -> str:
+    """Kernel source for tokens of width D (the loops over D unrolled into scalar variables). ``shared``: the kernel
+    ``kernel_shared`` reads the tokens as inputs X (B, T, D-1) shared by the G rows and labels Y (G, B, T) (the
+    compiled sampler's shared layout), else ``kernel`` reads Z (G, B, T, D)."""
     dz = range(D)
+    if shared:
+        head = ["def kernel_shared(X, Y, u, c, lam, yhat, H, J, dy, first, stop):", "    G, B, T = Y.shape"]
+        fill = ["        for b in range(n):",
+                "            for t in range(T):",
+                f"                for e in range({D - 1}):",
+                "                    zb[t, e, b] = X[b0 + b, t, e]",
+                f"                zb[t, {D - 1}, b] = Y[g, b0 + b, t]"]
+    else:
+        head = ["def kernel(Z, u, c, lam, yhat, H, J, dy, first, stop):", "    G, B, T, _ = Z.shape"]
+        fill = ["        for b in range(n):",
+                "            for t in range(T):",
+                f"                for e in range({D}):",
+                "                    zb[t, e, b] = Z[g, b0 + b, t, e]"]
     lines = [
-        "def kernel(Z, u, c, lam, yhat, H, J, dy, first, stop):",
-        "    G, B, T, _ = Z.shape",
+        *head,
         "    K = u.shape[1]",
         "    nblocks = (B + CH - 1) // CH",
         "    for job in range(first, stop):",
@@ -62,10 +76,7 @@ def _source(D: int) -> str:
         f"        acc = np.empty(({2 * D + 1}, CH), Z.dtype)",
         "        w = np.empty(T, Z.dtype)",
         "        wp = np.empty(T, Z.dtype)",
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for e in range({D}):",
-        "                    zb[t, e, b] = Z[g, b0 + b, t, e]",
+        *fill,
         "        for k in range(K):",
         "            l = lam[g, k]",
         "            p = 1.0",
@@ -100,15 +111,16 @@ def _source(D: int) -> str:
         "                    H[g, k, b0 + b, e] = acc[e, b]",
         f"                    J[g, k, b0 + b, e] = acc[{D} + e, b]",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines).replace("Z.dtype", "c.dtype")
 
 
 @functools.cache
 def _kernel(D: int):
     """The compiled kernel for width D (compiled on first call per dtype, ~3 s): jobs [first, stop) of the G × ⌈B/CH⌉
     blocks. Serial code (numba's parallel mode doubles the compile time); threads split the jobs (``_host_forward``)."""
-    return compile_kernels(_source(D), ["kernel"], label=f"iclab GLA read-out kernel, D={D}", constants={"CH": CHUNK},
-                           fastmath=_FASTMATH, nogil=True, boundscheck=False)[0]
+    return compile_kernels(_source(D) + "\n\n\n" + _source(D, shared=True), ["kernel", "kernel_shared"],
+                           label=f"iclab GLA read-out kernel, D={D}", constants={"CH": CHUNK}, fastmath=_FASTMATH,
+                           nogil=True, boundscheck=False)
 
 
 def _readonly(a, dtype) -> np.ndarray:
@@ -119,35 +131,61 @@ def _readonly(a, dtype) -> np.ndarray:
     return a
 
 
-def _host_forward(Z, u, c, lam):
-    """numpy side of the callback: (ŷ, H, J, ŷ') of one grid."""
-    Z, u, c, lam = (_readonly(a, Z.dtype) for a in (Z, u, c, lam))
-    G, B, T, D = Z.shape
+def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int):
+    """(ŷ, H, J, ŷ') of one grid: the jobs (G × ⌈B/CH⌉ blocks) split over threads."""
+    dt = c.dtype
     K = u.shape[1]
-    yhat = np.empty((G, K, B), Z.dtype)
-    dy = np.empty((G, K, B), Z.dtype)
-    H = np.empty((G, K, B, D), Z.dtype)
-    J = np.empty((G, K, B, D), Z.dtype)
-    kernel = _kernel(D)
+    yhat = np.empty((G, K, B), dt)
+    dy = np.empty((G, K, B), dt)
+    H = np.empty((G, K, B, D), dt)
+    J = np.empty((G, K, B, D), dt)
     jobs = G * -(-B // CHUNK)
     threads = max(1, min(thread_count(), jobs))
     bounds = [jobs * i // threads for i in range(threads + 1)]
     if threads == 1:
-        kernel(Z, u, c, lam, yhat, H, J, dy, 0, jobs)
+        kernel(*tokens, u, c, lam, yhat, H, J, dy, 0, jobs)
     else:  # the kernel releases the GIL; each thread owns a contiguous run of blocks (and their outputs)
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: kernel(Z, u, c, lam, yhat, H, J, dy, bounds[i], bounds[i + 1]), range(threads)))
+            list(pool.map(lambda i: kernel(*tokens, u, c, lam, yhat, H, J, dy, bounds[i], bounds[i + 1]),
+                          range(threads)))
     return yhat, H, J, dy
+
+
+def _host_forward(Z, u, c, lam):
+    """numpy side of the callback: (ŷ, H, J, ŷ') of one grid."""
+    Z, u, c, lam = (_readonly(a, Z.dtype) for a in (Z, u, c, lam))
+    G, B, T, D = Z.shape
+    return _run_readout(_kernel(D)[0], (Z,), u, c, lam, G, B, D)
+
+
+def _host_forward_shared(X, Y, u, c, lam):
+    """numpy side of the callback, tokens in the shared layout: (ŷ, H, J, ŷ') of one grid."""
+    X, Y, u, c, lam = (_readonly(a, Y.dtype) for a in (X, Y, u, c, lam))
+    G, B, T = Y.shape
+    D = X.shape[-1] + 1
+    return _run_readout(_kernel(D)[1], (X, Y), u, c, lam, G, B, D)
+
+
+def _readout_shapes(G, K, B, D, dt):
+    return (jax.ShapeDtypeStruct((G, K, B), dt), jax.ShapeDtypeStruct((G, K, B, D), dt),
+            jax.ShapeDtypeStruct((G, K, B, D), dt), jax.ShapeDtypeStruct((G, K, B), dt))
 
 
 def _forward(Z, u, c, lam):
     G, B, T, D = Z.shape
-    K = u.shape[1]
     dt = Z.dtype
-    shapes = (jax.ShapeDtypeStruct((G, K, B), dt), jax.ShapeDtypeStruct((G, K, B, D), dt),
-              jax.ShapeDtypeStruct((G, K, B, D), dt), jax.ShapeDtypeStruct((G, K, B), dt))
     u, c, lam = (jnp.asarray(a, dt) for a in (u, c, lam))
-    return host_call(_host_forward, shapes, Z, u, c, lam, vmap_method="sequential")
+    return host_call(_host_forward, _readout_shapes(G, u.shape[1], B, D, dt), Z, u, c, lam,
+                     vmap_method="sequential")
+
+
+def _forward_shared(X, Y, u, c, lam):
+    G, B, T = Y.shape
+    D = X.shape[-1] + 1
+    dt = Y.dtype
+    X, u, c, lam = (jnp.asarray(a, dt) for a in (X, u, c, lam))
+    return host_call(_host_forward_shared, _readout_shapes(G, u.shape[1], B, D, dt), X, Y, u, c, lam,
+                     vmap_method="sequential")
 
 
 @jax.custom_vjp
@@ -168,6 +206,31 @@ def readout_grid(Z: jax.Array, u: jax.Array, c: jax.Array, lam: jax.Array) -> ja
     return _forward(Z, u, c, lam)[0]
 
 
+@jax.custom_vjp
+def readout_grid_shared(X: jax.Array, Y: jax.Array, u: jax.Array, c: jax.Array, lam: jax.Array) -> jax.Array:
+    """``readout_grid`` on tokens whose inputs all rows share: z_gbt = (x_bt, y_gbt), equal to
+    ``readout_grid(Z, u, c, lam)`` with Z_g = [X, Y_g] bit for bit.
+
+    Why: the G rows of drift.fig1 and drift.baselines see the same inputs (common random numbers), so the tokens
+    need not hold G copies of them: X and Y are (d + G)/(G(d+1)) of Z's size (30 MB against 111 MB at the paper's
+    batch), which the sampler writes, the host call copies and the kernel reads.
+
+    Args:
+        X: (B, T, D-1) inputs of the B prompts, shared by the rows (the query last).
+        Y: (G, B, T) their labels in each row g (the query's label 0).
+        u: (G, K, D); c: (G, K, B, D); lam: (G, K): as in ``readout_grid``.
+    Returns:
+        (G, K, B) predictions, in Y's dtype.
+    """
+    return _forward_shared(X, Y, u, c, lam)[0]
+
+
+def _param_cotangents(H, J, dy, u, c, lam, g):
+    """Cotangents of (u, c, λ) from the forward's residuals: Σ_b g J, g H, Σ_b g ŷ'."""
+    return (jnp.einsum("gkb,gkbd->gkd", g, J).astype(u.dtype), (g[..., None] * H).astype(c.dtype),
+            jnp.einsum("gkb,gkb->gk", g, dy).astype(lam.dtype))
+
+
 def _fwd(Z, u, c, lam):
     yhat, H, J, dy = _forward(Z, u, c, lam)
     return yhat, (H, J, dy, Z, u, c, lam)
@@ -175,11 +238,21 @@ def _fwd(Z, u, c, lam):
 
 def _bwd(res, g):
     H, J, dy, Z, u, c, lam = res
-    return (jnp.zeros_like(Z), jnp.einsum("gkb,gkbd->gkd", g, J).astype(u.dtype),
-            (g[..., None] * H).astype(c.dtype), jnp.einsum("gkb,gkb->gk", g, dy).astype(lam.dtype))
+    return (jnp.zeros_like(Z), *_param_cotangents(H, J, dy, u, c, lam, g))
+
+
+def _fwd_shared(X, Y, u, c, lam):
+    yhat, H, J, dy = _forward_shared(X, Y, u, c, lam)
+    return yhat, (H, J, dy, X, Y, u, c, lam)
+
+
+def _bwd_shared(res, g):
+    H, J, dy, X, Y, u, c, lam = res
+    return (jnp.zeros_like(X), jnp.zeros_like(Y), *_param_cotangents(H, J, dy, u, c, lam, g))
 
 
 readout_grid.defvjp(_fwd, _bwd)
+readout_grid_shared.defvjp(_fwd_shared, _bwd_shared)
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from iclab._host import host_call
 from iclab._numba import compile_kernels
 from iclab.threads import thread_count
 
-__all__ = ["sample_training_batch"]
+__all__ = ["sample_shared_batch", "sample_training_batch"]
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
@@ -69,6 +69,54 @@ def round_keys(k0: int, k1: int) -> np.ndarray:
 
 
 def _source() -> str:
+    return _scalar_and_vectorised_source() + "\n\n" + _shared_variant(_kernel_text(_scalar_and_vectorised_source()))
+
+
+def _kernel_text(source: str) -> str:
+    """The text of ``kernel`` (the vectorised sampler) in the source."""
+    return source[source.index("def kernel(k0, k1, round_keys"):]
+
+
+def _shared_variant(kernel: str) -> str:
+    """``kernel_shared``: ``kernel`` writing the shared layout, the inputs once (xs (B, T, d)) and each row's labels
+    (ys (G, B, T), the query's 0), instead of the tokens Z (G, B, T, d+1)."""
+    old_writes = """            for g in range(G):
+                y = 0.0
+                for e in range(d):
+                    w[g, e] = gamma[g] * w[g, e] + sigma_e[g] * eps[e]
+                    y += w[g, e] * x[e]
+                    Z[g, b, i, e] = x[e]
+                if i == T - 1:
+                    Z[g, b, i, d] = 0.0
+                    target[g, b] = y
+                else:
+                    Z[g, b, i, d] = y
+"""
+    new_writes = """            for e in range(d):
+                xs[b, i, e] = x[e]
+            for g in range(G):
+                y = 0.0
+                for e in range(d):
+                    w[g, e] = gamma[g] * w[g, e] + sigma_e[g] * eps[e]
+                    y += w[g, e] * x[e]
+                if i == T - 1:
+                    ys[g, b, i] = 0.0
+                    target[g, b] = y
+                else:
+                    ys[g, b, i] = y
+"""
+    for old, new in ((old_writes, new_writes),
+                     ("def kernel(k0, k1, round_keys, gamma, sigma_w, sigma_e, chol, diagonal, X, R, Z, target, first, stop):",
+                      "def kernel_shared(k0, k1, round_keys, gamma, sigma_w, sigma_e, chol, diagonal, X, R, xs, ys, target, first,"
+                      " stop):"),
+                     ("    G, B, T, D = Z.shape\n    d = D - 1\n", "    G, B, T = ys.shape\n    d = xs.shape[2]\n")):
+        if old not in kernel:
+            raise AssertionError("the sampler's source changed: update _shared_variant")
+        kernel = kernel.replace(old, new)
+    return kernel
+
+
+def _scalar_and_vectorised_source() -> str:
     return f'''
 def philox(c0, c1, c2, c3, k0, k1, out):
     """Philox4x32-10 of the counter (c0..c3) under key (k0, k1): four uint32 words into out[0:4]."""
@@ -328,22 +376,30 @@ def _ziggurat() -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
+def _kernels():
+    """(kernel, kernel_shared), compiled once (iclab._numba's cache)."""
+    return tuple(compile_kernels(_source(), ["philox", "uniform", "normals", "kernel_reference", "philox_lanes", "word",
+                                             "fast_prefix", "walk", "kernel", "kernel_shared"],
+                                 label="iclab drift sampling kernel", nogil=True, boundscheck=False)[-2:])
+
+
 def _kernel():
-    return compile_kernels(_source(), ["philox", "uniform", "normals", "kernel_reference", "philox_lanes", "word",
-                                       "fast_prefix", "walk", "kernel"], label="iclab drift sampling kernel",
-                           nogil=True, boundscheck=False)[-1]
+    """The tokens kernel."""
+    return _kernels()[0]
 
 
-def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype):
+def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: bool = False):
     key = np.asarray(key, np.uint32)
     G, d = gamma.shape[0], chol.shape[0]
-    Z = np.empty((G, B, T, d + 1), dtype)
-    target = np.empty((G, B), dtype)
+    if shared:
+        out = (np.empty((B, T, d), dtype), np.empty((G, B, T), dtype), np.empty((G, B), dtype))
+    else:
+        out = (np.empty((G, B, T, d + 1), dtype), np.empty((G, B), dtype))
     chol = np.asarray(chol, np.float64)
     args = (np.uint64(key[0]), np.uint64(key[1]), round_keys(key[0], key[1]),
             *(np.asarray(a, np.float64) for a in (gamma, sigma_w, sigma_e)), chol,
-            bool(np.all(chol == np.diag(np.diag(chol)))), *_ziggurat(), Z, target)
-    kernel = _kernel()
+            bool(np.all(chol == np.diag(np.diag(chol)))), *_ziggurat(), *out)
+    kernel = _kernels()[1 if shared else 0]
     threads = max(1, min(thread_count(), B))
     bounds = [B * i // threads for i in range(threads + 1)]
     if threads == 1:
@@ -353,7 +409,26 @@ def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype):
 
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernel releases the GIL
             list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
-    return Z, target
+    return out
+
+
+def _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared):
+    if n < 1 or B < 1:
+        raise ValueError(f"n and B must be >= 1 (got n={n}, B={B})")
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    gamma, sigma_w2, sigma_e2 = jnp.broadcast_arrays(*(jnp.atleast_1d(jnp.asarray(v, jnp.float64))
+                                                       for v in (gamma, sigma_w2, sigma_e2)))
+    Lam = jnp.asarray(Lam, jnp.float64)
+    chol = jnp.linalg.cholesky(Lam)
+    G, d, T = gamma.shape[0], Lam.shape[-1], n + 1
+    if shared:
+        shapes = (jax.ShapeDtypeStruct((B, T, d), dtype), jax.ShapeDtypeStruct((G, B, T), dtype),
+                  jax.ShapeDtypeStruct((G, B), dtype))
+    else:
+        shapes = (jax.ShapeDtypeStruct((G, B, T, d + 1), dtype), jax.ShapeDtypeStruct((G, B), dtype))
+    host = functools.partial(_host, B=B, T=T, dtype=np.dtype(dtype), shared=shared)
+    return host_call(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
+                     jnp.sqrt(sigma_e2), chol, vmap_method="sequential")
 
 
 def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32):
@@ -370,15 +445,20 @@ def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, 
         (Z, y): Z (G, B, n+1, d+1) tokens with the query's label 0, y (G, B) the query's label y_{n+1};
         G = 1 for scalar process parameters.
     """
-    if n < 1 or B < 1:
-        raise ValueError(f"n and B must be >= 1 (got n={n}, B={B})")
-    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    gamma, sigma_w2, sigma_e2 = jnp.broadcast_arrays(*(jnp.atleast_1d(jnp.asarray(v, jnp.float64))
-                                                       for v in (gamma, sigma_w2, sigma_e2)))
-    Lam = jnp.asarray(Lam, jnp.float64)
-    chol = jnp.linalg.cholesky(Lam)
-    G, d = gamma.shape[0], Lam.shape[-1]
-    shapes = (jax.ShapeDtypeStruct((G, B, n + 1, d + 1), dtype), jax.ShapeDtypeStruct((G, B), dtype))
-    host = functools.partial(_host, B=B, T=n + 1, dtype=np.dtype(dtype))
-    return host_call(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
-                     jnp.sqrt(sigma_e2), chol, vmap_method="sequential")
+    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=False)
+
+
+def sample_shared_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32):
+    """``sample_training_batch``'s batch in the shared layout: the inputs once, the labels per process.
+
+    The G processes share their inputs (common random numbers), so Z_g = [X, Y_g] bit for bit (tested), at
+    (d + G)/(G(d+1)) of the memory (30 MB against 111 MB for drift.fig1's batch); the read-out kernel
+    ``models.gla_forget_native.readout_grid_shared`` consumes it.
+
+    Args:
+        as ``sample_training_batch``.
+    Returns:
+        (X, Y, y): X (B, n+1, d) inputs (the query last), Y (G, B, n+1) labels with the query's label 0, y (G, B)
+        the query's label y_{n+1}.
+    """
+    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=True)

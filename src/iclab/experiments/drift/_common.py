@@ -49,9 +49,9 @@ from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
-from iclab.models.gla_forget_native import multilayer_mse, readout_grid
+from iclab.models.gla_forget_native import multilayer_mse, readout_grid, readout_grid_shared
 from iclab.tasks.drift import sample_drift_prompts, tokens
-from iclab.tasks.drift_native import sample_training_batch
+from iclab.tasks.drift_native import sample_shared_batch, sample_training_batch
 from iclab.theory import drift as theory
 
 PAPER = "drift"
@@ -134,9 +134,9 @@ class TrainConfig(TaskConfig, TrainingConfig):
         "recurrent form of full layers; equal to the xla forms to float rounding, several times faster at the "
         "paper's batch)", paper=None, paper_note="implementation choice; the paper presets use native")
     sampler: Kernel = param(
-        "xla", "how training batches are drawn: xla (tasks.drift.sample_drift_prompts) or native (the compiled "
-        "sampler tasks.drift_native: the same process from another generator, Philox and a ziggurat, so other "
-        "numbers; ~2x faster at the paper's batch)", paper=None,
+        "xla", "how training batches (and drift.baselines' filtered sequences) are drawn: xla "
+        "(tasks.drift.sample_drift_prompts) or native (the compiled sampler tasks.drift_native: the same process "
+        "from another generator, Philox and a ziggurat, so other numbers; ~5x faster at the paper's batch)", paper=None,
         paper_note="implementation choice; the paper presets use native")
     init_std: float = param(0.1, "std of the random Gaussian init of every weight entry", paper=None,
                             paper_note="unspecified ('random Gaussian init')", gt=0, le=10)
@@ -197,13 +197,27 @@ def _forget_factors(params, settings):
     return jnp.where(settings["learn"], jax.nn.sigmoid(params["theta"]), settings["lam"])
 
 
+class SharedTokens(NamedTuple):
+    """A batch's tokens in the compiled sampler's shared layout (``tasks.drift_native.sample_shared_batch``):
+    z_gbt = (x_bt, y_gbt), the inputs shared by the G rows.
+
+    Attributes:
+        x: (B, T, d) inputs; y: (G, B, T) labels, the query's 0.
+    """
+
+    x: jax.Array
+    y: jax.Array
+
+
 def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel = "xla"):
     """The loss of a group: each member's MSE on the batch of its own γ, (G, K).
 
     Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
     over the K members of a row with the batch shared. One-layer models are read out at the query: by XLA
     (``kernel = "xla"``: ``gla_forget.gla_readout`` vmapped) or by the compiled kernel
-    ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``). An L-layer model's full
+    ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``; on a batch of
+    ``SharedTokens``, ``readout_grid_shared``, which train_groups draws where every group is one-layer and both
+    sampler and kernel are native). An L-layer model's full
     layers run in ``form`` (default: ``parallel`` for xla); with kernel ``native`` (and form None or ``native``)
     each L-layer model's whole loss and gradient is one host call, ``gla_forget_native.multilayer_mse`` (the
     layer and read-out kernels, no (B, T, D) tokens crossing between XLA and the host per layer); kernel xla with
@@ -214,8 +228,15 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
         def native(params, batch, settings):
             Z, y = batch
             WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(params)  # (G, K, d+1, d+1) each
-            c = jnp.einsum("gbe,gkfe->gkbf", Z[:, :, -1, :], WKQ)  # c = W^KQ z_q per prompt
-            yhat = readout_grid(Z, WV[..., -1, :], c, _forget_factors(params, settings))
+            lam = _forget_factors(params, settings)
+            if isinstance(Z, SharedTokens):
+                zq = jnp.concatenate([jnp.broadcast_to(Z.x[:, -1, :], Z.y.shape[:2] + Z.x.shape[-1:]),
+                                      Z.y[:, :, -1:]], axis=-1)  # (G, B, d+1) query tokens
+                c = jnp.einsum("gbe,gkfe->gkbf", zq, WKQ)  # c = W^KQ z_q per prompt
+                yhat = readout_grid_shared(Z.x, Z.y, WV[..., -1, :], c, lam)
+            else:
+                c = jnp.einsum("gbe,gkfe->gkbf", Z[:, :, -1, :], WKQ)
+                yhat = readout_grid(Z, WV[..., -1, :], c, lam)
             return jnp.mean((yhat - y[:, None, :]) ** 2, axis=-1)
         return native
     if layers is not None and kernel == "native" and form in (None, "native"):
@@ -285,7 +306,14 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
                                 settings=settings)
         first = max(first, int(ids.max()) + 1)
 
+    # one-layer models on native kernels read the tokens in the shared layout (inputs once, not once per γ)
+    shared = (config.sampler == "native" and config.kernel == "native"
+              and all(grp.layers is None for grp in groups.values()))
+
     def sampler(key, aux):
+        if shared:
+            X, Y, y = sample_shared_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
+            return SharedTokens(X, Y), y
         if config.sampler == "native":
             return sample_training_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
         pr = sample_drift_prompts(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)

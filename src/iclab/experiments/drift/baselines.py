@@ -24,6 +24,7 @@ from iclab.experiments.drift._common import (
 )
 from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
+from iclab.tasks.drift_native import sample_training_batch
 from iclab.theory import drift as theory
 
 REL_TOL = 0.03  # trained GLA vs Theorem 2, as in drift.fig1
@@ -50,14 +51,24 @@ class BaselinesConfig(TrainConfig):
         return self
 
 
-@functools.partial(jax.jit, static_argnames=("length", "chunk", "window"))
-def _chunk_errors(key, Lam, gamma, sigma_w2, sigma_e2, mu, beta, delta, *, length, chunk, window):
-    """Per-sequence a-priori errors of LMS and RLS, averaged over the last `window` steps: ((chunk,), (chunk,))."""
-    pr = sample_drift_prompts(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1, Lam=Lam)
-    lms = theory.lms_predictions(pr.x, pr.y, mu=mu)
-    rls = theory.rls_predictions(pr.x, pr.y, beta=beta, delta=delta)
+@functools.partial(jax.jit, static_argnames=("length", "chunk", "window", "sampler"))
+def _chunk_errors(key, Lam, gamma, sigma_w2, sigma_e2, mu, beta, delta, *, length, chunk, window, sampler="xla"):
+    """Per-sequence a-priori errors of LMS and RLS, averaged over the last `window` steps: ((chunk,), (chunk,)).
+
+    The sequences come from the training's sampler (``TrainConfig.sampler``): ``native`` draws them with the
+    compiled sampler (its tokens give x and y; 2.5× faster than XLA's at 2000 × 1000 steps), ``xla`` with
+    ``sample_drift_prompts``."""
+    if sampler == "native":
+        Z, target = sample_training_batch(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1,
+                                          Lam=Lam, dtype=Lam.dtype)
+        x, y = Z[0, :, :, :-1], jnp.concatenate([Z[0, :, :-1, -1], target[0][:, None]], axis=-1)
+    else:
+        pr = sample_drift_prompts(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1, Lam=Lam)
+        x, y = pr.x, pr.y
+    lms = theory.lms_predictions(x, y, mu=mu)
+    rls = theory.rls_predictions(x, y, beta=beta, delta=delta)
     tail = slice(length - window, length)
-    return jnp.mean((lms - pr.y)[:, tail] ** 2, axis=-1), jnp.mean((rls - pr.y)[:, tail] ** 2, axis=-1)
+    return jnp.mean((lms - y)[:, tail] ** 2, axis=-1), jnp.mean((rls - y)[:, tail] ** 2, axis=-1)
 
 
 def _filter_errors(config: BaselinesConfig, gamma: float, key) -> dict:
@@ -67,7 +78,7 @@ def _filter_errors(config: BaselinesConfig, gamma: float, key) -> dict:
     for c in range(-(-config.trials // config.chunk)):
         lms, rls = _chunk_errors(jax.random.fold_in(key, c), Lam, gamma, config.sigma_w2, config.sigma_e2,
                                  config.lms_mu, config.rls_beta, config.rls_delta, length=config.length,
-                                 chunk=config.chunk, window=config.window)
+                                 chunk=config.chunk, window=config.window, sampler=config.sampler)
         per_trial["lms"].append(np.asarray(lms))
         per_trial["rls"].append(np.asarray(rls))
     out = {}
