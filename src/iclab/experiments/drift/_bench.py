@@ -29,8 +29,10 @@ So fig1 needs 90 · 2(4TD + 4D²) ≈ 8.9·10⁵ flops per prompt (4.4 GFLOP per
 (≈ 10⁷ Gaussian draws per step, the AR(1) scan and y = ⟨w, x⟩) and AdamW are not counted in the floor;
 their time is reported apart. Reported beside it: XLA's flop count of the compiled loss-and-gradient, the achieved GFLOP/s (floor over
 the measured loss-and-gradient time, and over the whole step), and a float32 matmul's GFLOP/s measured in
-the same run. fig1's models are timed with each kernel (XLA's ``gla_forget.gla_readout`` and the compiled
-``gla_forget_native.readout_grid``), fig2's full layers in each form of ``models.gla_forget.predict_multilayer``
+the same run. fig1's models are timed with each kernel (XLA's ``gla_forget.gla_readout``, the compiled
+``gla_forget_native.readout_grid`` on the tokens, and ``native_shared``: ``readout_grid_shared`` on the shared
+layout of ``tasks.drift_native.sample_shared_batch``, the inputs once for the 5 γ, which the paper preset's step
+uses), fig2's full layers in each form of ``models.gla_forget.predict_multilayer``
 (``parallel`` in XLA, ``native`` the compiled recurrent kernels; losses and gradients compared with the first);
 the step loops use the paper presets' kernel (native).
 """
@@ -50,7 +52,7 @@ from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
 from iclab.experiments.drift import _common
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
-from iclab.tasks.drift_native import sample_training_batch
+from iclab.tasks.drift_native import sample_shared_batch, sample_training_batch
 
 __all__ = ["bench_drift", "floor_flops_per_prompt"]
 
@@ -109,7 +111,12 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     def sample_native(key):
         return sample_training_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
 
-    sample = sample_native if config.sampler == "native" else sample_xla
+    def sample_shared(key):  # the paper preset's layout for one-layer models on native kernels (_common.train_groups)
+        X, Y, y = sample_shared_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
+        return _common.SharedTokens(X, Y), y
+
+    shared = which == "fig1" and config.sampler == "native" and config.kernel == "native"
+    sample = sample_shared if shared else sample_native if config.sampler == "native" else sample_xla
 
     params = {}
     for i, (name, (lams, layers)) in enumerate(groups.items()):
@@ -119,8 +126,9 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
         params[name] = jax.tree_util.tree_map(lambda a, s=lams.shape: a.reshape(s + a.shape[1:]), p)
 
     def loss_fn(form):
-        # fig1: ``form`` is the kernel; fig2: the full layers' form (its one-layer models by the preset's kernel)
-        kw = {"kernel": form} if which == "fig1" else {"form": form, "kernel": config.kernel}
+        # fig1: ``form`` is the kernel (native_shared: native on the shared layout); fig2: the full layers' form (its
+        # one-layer models by the preset's kernel)
+        kw = {"kernel": form.removesuffix("_shared")} if which == "fig1" else {"form": form, "kernel": config.kernel}
 
         def loss(p, batch):
             return sum(jnp.sum(_common._group_mse(layers, **kw)(p[name], batch, {"lam": jnp.asarray(lams, dt)}))
@@ -130,28 +138,34 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     depths = [layers or 1 for lams, layers in groups.values() for _ in range(lams.size)]
     floor = B * floor_flops_per_prompt(T, D, depths)
     key = jax.random.PRNGKey(0)
-    batch0 = jax.jit(sample)(key)
+    batch0 = jax.jit(sample_native if config.sampler == "native" else sample_xla)(key)  # tokens: every form reads them
     out = {"models": len(depths), "G": len(gammas), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
            "sample_s": _timed(jax.jit(sample), key), "sample_s_xla": _timed(jax.jit(sample_xla), key),
            "sample_s_native": _timed(jax.jit(sample_native), key), "xla_flops_sample": compiled_flops(sample_xla, key),
            "forms": {}}
+    batches = {"native_shared": jax.jit(sample_shared)(key)} if which == "fig1" else {}
+    if which == "fig1":
+        out["sample_s_native_shared"] = _timed(jax.jit(sample_shared), key)
+        forms = tuple(forms) + ("native_shared",) if "native" in forms else tuple(forms)
     ref = None
     for form in forms:
         vg = jax.jit(jax.value_and_grad(loss_fn(form)))
-        value, grad = vg(params, batch0)
+        batch = batches.get(form, batch0)
+        value, grad = vg(params, batch)
         if ref is None:
             ref = (value, grad)
         rel = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
                   for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(ref[1])))
-        s = _timed(vg, params, batch0)
+        s = _timed(vg, params, batch)
         out["forms"][form] = {"loss_grad_s": s, "achieved_gflops": floor / s / 1e9,
                               # a native kernel runs outside XLA: its count would omit the kernel
-                              "xla_flops_loss_grad": None if form == "native" else compiled_flops(
-                                  jax.value_and_grad(loss_fn(form)), params, batch0),
+                              "xla_flops_loss_grad": None if form.startswith("native") else compiled_flops(
+                                  jax.value_and_grad(loss_fn(form)), params, batch),
                               "loss_rel_diff": float(abs(value - ref[0]) / abs(ref[0])), "grad_max_rel_diff": rel}
     # the whole step, in the experiments' form: sample, loss and gradient, AdamW, as a jitted loop
     opt = optax.chain(config.transformation(), optax.scale(-config.lr))
     loss = loss_fn(config.kernel if which == "fig1" else ("native" if config.kernel == "native" else forms[0]))
+    out["step_layout"] = "shared" if shared else "tokens"
 
     @functools.partial(jax.jit, static_argnums=2)
     def run(p, key, n):
