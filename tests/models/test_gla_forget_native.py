@@ -117,15 +117,19 @@ def test_readout_grid_under_vmap_is_the_grid_of_each_seed():
 
 
 def test_readout_grid_does_not_depend_on_the_thread_count(monkeypatch):
-    """Every output is summed by one thread in a fixed order: 1, 2 and 3 threads give the same bits."""
+    """Every output is summed by one thread in a fixed order: 1, 2 and 3 threads give the same bits, in either
+    layout (the shared layout's jobs are blocks of every row, the tokens' blocks of one row)."""
     rng = np.random.default_rng(0)
     G, K, B, T = 2, 3, 3 * native.CHUNK + 1, 21
     Z, u, c = rng.standard_normal((G, B, T, D)), rng.standard_normal((G, K, D)), rng.standard_normal((G, K, B, D))
     lam = rng.uniform(0.3, 1.0, (G, K))
+    Z[:, :, :, :-1] = Z[0, :, :, :-1]  # inputs shared by the rows: the shared layout's kernel reads the same tokens
+    X, Y = Z[0, :, :, :-1].copy(), Z[..., -1].copy()
     outs = []
     for threads in (1, 2, 3):
         monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
         outs.append(native._host_forward(Z, u, c, lam))
+        outs.append(native._host_forward_shared(X, Y, u, c, lam))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)

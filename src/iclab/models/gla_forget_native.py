@@ -46,37 +46,22 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 def _source(D: int, shared: bool = False) -> str:
-    """Kernel source for tokens of width D (the loops over D unrolled into scalar variables). ``shared``: the kernel
-    ``kernel_shared`` reads the tokens as inputs X (B, T, D-1) shared by the G rows and labels Y (G, B, T) (the
-    compiled sampler's shared layout), else ``kernel`` reads Z (G, B, T, D)."""
+    """Kernel source for tokens of width D (the loops over D unrolled into scalar variables).
+
+    ``kernel`` reads Z (G, B, T, D); a job is one block of CH prompts of one row g. ``kernel_shared`` reads the
+    shared layout, inputs X (B, T, D-1) of every row and labels Y (G, B, T) (the compiled sampler's
+    ``sample_shared_batch``); a job is one block of prompts for all G rows, whose inputs are transposed into the
+    block buffer once, and only the label column is rewritten per row. Both run the same arithmetic per (g, k, b).
+    """
     dz = range(D)
-    if shared:
-        head = ["def kernel_shared(X, Y, u, c, lam, yhat, H, J, dy, first, stop):", "    G, B, T = Y.shape"]
-        fill = ["        for b in range(n):",
-                "            for t in range(T):",
-                f"                for e in range({D - 1}):",
-                "                    zb[t, e, b] = X[b0 + b, t, e]",
-                f"                zb[t, {D - 1}, b] = Y[g, b0 + b, t]"]
-    else:
-        head = ["def kernel(Z, u, c, lam, yhat, H, J, dy, first, stop):", "    G, B, T, _ = Z.shape"]
-        fill = ["        for b in range(n):",
-                "            for t in range(T):",
-                f"                for e in range({D}):",
-                "                    zb[t, e, b] = Z[g, b0 + b, t, e]"]
-    lines = [
-        *head,
-        "    K = u.shape[1]",
-        "    nblocks = (B + CH - 1) // CH",
-        "    for job in range(first, stop):",
-        "        g = job // nblocks",
-        "        b0 = (job % nblocks) * CH",
-        "        n = min(CH, B - b0)",
+    alloc = [
         f"        zb = np.zeros((T, {D}, CH), Z.dtype)",
         f"        cb = np.zeros(({D}, CH), Z.dtype)",
         f"        acc = np.empty(({2 * D + 1}, CH), Z.dtype)",
         "        w = np.empty(T, Z.dtype)",
         "        wp = np.empty(T, Z.dtype)",
-        *fill,
+    ]
+    models = [
         "        for k in range(K):",
         "            l = lam[g, k]",
         "            p = 1.0",
@@ -111,6 +96,42 @@ def _source(D: int, shared: bool = False) -> str:
         "                    H[g, k, b0 + b, e] = acc[e, b]",
         f"                    J[g, k, b0 + b, e] = acc[{D} + e, b]",
     ]
+    if shared:
+        lines = [
+            "def kernel_shared(X, Y, u, c, lam, yhat, H, J, dy, first, stop):",
+            "    G, B, T = Y.shape",
+            "    K = u.shape[1]",
+            "    for job in range(first, stop):",
+            "        b0 = job * CH",
+            "        n = min(CH, B - b0)",
+            *alloc,
+            "        for b in range(n):",
+            "            for t in range(T):",
+            f"                for e in range({D - 1}):",
+            "                    zb[t, e, b] = X[b0 + b, t, e]",
+            "        for g in range(G):",
+            "            for b in range(n):",
+            "                for t in range(T):",
+            f"                    zb[t, {D - 1}, b] = Y[g, b0 + b, t]",
+            *["    " + line for line in models],
+        ]
+    else:
+        lines = [
+            "def kernel(Z, u, c, lam, yhat, H, J, dy, first, stop):",
+            "    G, B, T, _ = Z.shape",
+            "    K = u.shape[1]",
+            "    nblocks = (B + CH - 1) // CH",
+            "    for job in range(first, stop):",
+            "        g = job // nblocks",
+            "        b0 = (job % nblocks) * CH",
+            "        n = min(CH, B - b0)",
+            *alloc,
+            "        for b in range(n):",
+            "            for t in range(T):",
+            f"                for e in range({D}):",
+            "                    zb[t, e, b] = Z[g, b0 + b, t, e]",
+            *models,
+        ]
     return "\n".join(lines).replace("Z.dtype", "c.dtype")
 
 
@@ -131,15 +152,14 @@ def _readonly(a, dtype) -> np.ndarray:
     return a
 
 
-def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int):
-    """(ŷ, H, J, ŷ') of one grid: the jobs (G × ⌈B/CH⌉ blocks) split over threads."""
+def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int, jobs: int):
+    """(ŷ, H, J, ŷ') of one grid: the kernel's jobs split over threads, a contiguous run each."""
     dt = c.dtype
     K = u.shape[1]
     yhat = np.empty((G, K, B), dt)
     dy = np.empty((G, K, B), dt)
     H = np.empty((G, K, B, D), dt)
     J = np.empty((G, K, B, D), dt)
-    jobs = G * -(-B // CHUNK)
     threads = max(1, min(thread_count(), jobs))
     bounds = [jobs * i // threads for i in range(threads + 1)]
     if threads == 1:
@@ -155,7 +175,7 @@ def _host_forward(Z, u, c, lam):
     """numpy side of the callback: (ŷ, H, J, ŷ') of one grid."""
     Z, u, c, lam = (_readonly(a, Z.dtype) for a in (Z, u, c, lam))
     G, B, T, D = Z.shape
-    return _run_readout(_kernel(D)[0], (Z,), u, c, lam, G, B, D)
+    return _run_readout(_kernel(D)[0], (Z,), u, c, lam, G, B, D, jobs=G * -(-B // CHUNK))  # (row, block) pairs
 
 
 def _host_forward_shared(X, Y, u, c, lam):
@@ -163,7 +183,7 @@ def _host_forward_shared(X, Y, u, c, lam):
     X, Y, u, c, lam = (_readonly(a, Y.dtype) for a in (X, Y, u, c, lam))
     G, B, T = Y.shape
     D = X.shape[-1] + 1
-    return _run_readout(_kernel(D)[1], (X, Y), u, c, lam, G, B, D)
+    return _run_readout(_kernel(D)[1], (X, Y), u, c, lam, G, B, D, jobs=-(-B // CHUNK))  # blocks, every row in each
 
 
 def _readout_shapes(G, K, B, D, dt):

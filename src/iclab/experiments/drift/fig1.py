@@ -455,11 +455,13 @@ register(
         ],
         runtime={"quick": "≈ 18 s on the idle 2-core machine (estimated: 10 s measured at 300 steps before the held-out "
                           "matching; 34-50 s under load)",
-                 "paper": "477 s on the idle 2-core machine (run 27 Nov 2026: compiled sampler and read-out "
-                          "kernel, kernel = sampler = native, called through iclab._host.host_call, without "
-                          "jax.pure_callback's copies of the 111 MB batch; `iclab bench drift`: 0.19-0.23 s per "
-                          "step); before: 1457 s (26 Nov, pure_callback, short tests alongside for part of it). "
-                          "17/19 checks, the same two failures both times. 12 of the 85 q/k/v models rest on "
+                 "paper": "295 s on the idle 2-core machine (run 27 Nov 2026, 05:28: kernel = sampler = native, "
+                          "the batch in the shared layout (inputs once for the 5 γ, 30 MB instead of 111 MB), the "
+                          "sampler's Philox drawn over vectorised lanes, freed memory kept in the process; `iclab "
+                          "bench drift`: 0.14 s per step); its 39 stored arrays are bit for bit those of the 477-s "
+                          "run of 02:23 the same day (tokens layout, scalar sampler); before: 1457 s (26 Nov, "
+                          "pure_callback, short tests alongside for part of it). 17/19 checks, the same two "
+                          "failures each time. 12 of the 85 q/k/v models rest on "
                           "the rank-one saddle (route share ≥ 0.998, 12-49 % above Theorem 2, all of them named by "
                           "the saddle check); the other 73 are within 0.04-1.1 %. Both failing checks are saddle "
                           "models: the worst gap (γ = 0.975, λ = 0.775) and the query-sensitivity cosine 0.965 "
