@@ -223,8 +223,9 @@ register(
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
         runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
-                 "paper": "166 s on the idle 2-core machine (run 27 Nov 2026, 05:35: the training batch in the "
-                          "shared layout, the vectorised sampler, freed memory kept; the filtered sequences drawn by "
+                 "paper": "149 s on the idle 2-core machine (run 27 Nov 2026, 06:32: the training batch in the "
+                          "shared layout, ≈ 0.07 s per step, the vectorised sampler, freed memory kept; 166 s at "
+                          "05:35 before the read-out's shared jobs; the filtered sequences drawn by "
                           "the native sampler, so the LMS/RLS numbers are other draws, within 0.4 % of the earlier "
                           "ones; every GLA array bit for bit the 399-s run's. 7/7 checks again: worst (GLA + 3 SE)/"
                           "min(LMS, RLS) = 0.877 at γ = 0.8, simulated filters within 14 % of the reported ones). 399 s "

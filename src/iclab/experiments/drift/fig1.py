@@ -455,11 +455,12 @@ register(
         ],
         runtime={"quick": "≈ 18 s on the idle 2-core machine (estimated: 10 s measured at 300 steps before the held-out "
                           "matching; 34-50 s under load)",
-                 "paper": "295 s on the idle 2-core machine (run 27 Nov 2026, 05:28: kernel = sampler = native, "
+                 "paper": "300 s on the idle 2-core machine (run 27 Nov 2026, 06:35: kernel = sampler = native, "
                           "the batch in the shared layout (inputs once for the 5 γ, 30 MB instead of 111 MB), the "
-                          "sampler's Philox drawn over vectorised lanes, freed memory kept in the process; `iclab "
-                          "bench drift`: 0.14 s per step); its 39 stored arrays are bit for bit those of the 477-s "
-                          "run of 02:23 the same day (tokens layout, scalar sampler); before: 1457 s (26 Nov, "
+                          "sampler's Philox drawn over vectorised lanes, freed memory kept in the process; ≈ 0.13 s "
+                          "per step; 295 s and 320 s in two other idle runs that day); its 39 stored arrays are bit "
+                          "for bit those of the 477-s run of 02:23 the same day (tokens layout, scalar sampler); "
+                          "before: 1457 s (26 Nov, "
                           "pure_callback, short tests alongside for part of it). 17/19 checks, the same two "
                           "failures each time. 12 of the 85 q/k/v models rest on "
                           "the rank-one saddle (route share ≥ 0.998, 12-49 % above Theorem 2, all of them named by "
