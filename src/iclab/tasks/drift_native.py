@@ -456,7 +456,12 @@ def sample_shared_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n:
     ``models.gla_forget_native.readout_grid_shared`` consumes it.
 
     Args:
-        as ``sample_training_batch``.
+        key: a raw (2,) uint32 PRNG key (typed keys: their key data).
+        B: prompts per process.
+        gamma, sigma_w2, sigma_e2: AR(1) coefficients and variances, scalars or arrays of one shape (G,).
+        n: labelled context pairs (T = n+1 tokens).
+        Lam: (d, d) input covariance Λ (positive definite).
+        dtype: float dtype of the result (the draws are computed in float64).
     Returns:
         (X, Y, y): X (B, n+1, d) inputs (the query last), Y (G, B, n+1) labels with the query's label 0, y (G, B)
         the query's label y_{n+1}.
