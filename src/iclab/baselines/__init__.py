@@ -16,7 +16,8 @@ task modules' prompts (linreg, drift, gating's multitask, mhsa's multitask_regre
 - AR(1) task drift (``_kalman``; drift): :func:`kalman_filter`, :func:`kalman_posterior_mean`,
   :func:`kalman_bayes_risk`.
 - Online adaptive filters (``_online``; drift's Sec 5 baselines on the prompt): :func:`lms`, :func:`rls`, and
-  LMS's exact risk under AR(1) drift :func:`lms_risk`.
+  LMS's exact risk under AR(1) drift :func:`lms_risk`; :func:`filter_tail_errors` runs both along many
+  streams at once (a compiled CPU kernel, numpy in and out: drift.baselines' Monte Carlo).
 - Algorithm matching (``_matching``; von Oswald et al. 2023): :func:`prediction_gap`,
   :func:`sensitivity_cosine`, :func:`algorithm_match`, :func:`query_sensitivity`, :func:`mc_risk`.
 
@@ -49,11 +50,12 @@ from iclab.baselines._matching import (
 )
 from iclab.baselines._multitask import independent_tasks_bayes_risk, multitask_bayes_risk, multitask_posterior_mean
 from iclab.baselines._online import lms, lms_risk, rls
+from iclab.baselines._online_native import filter_tail_errors
 from iclab.baselines._stats import Estimate, mean_and_se
 
 __all__ = [
     "DRIFT_TOKENS_QUERY", "LINREG_TOKENS_QUERY", "AlgorithmMatch", "Context", "Estimate", "KalmanFilter", "QueryLens",
-    "algorithm_match", "exponential_weights", "gaussian_bayes_risk", "gaussian_posterior_mean", "gd",
+    "algorithm_match", "exponential_weights", "filter_tail_errors", "gaussian_bayes_risk", "gaussian_posterior_mean", "gd",
     "independent_tasks_bayes_risk", "kalman_bayes_risk", "kalman_filter", "kalman_posterior_mean", "least_squares",
     "lms", "lms_risk", "mc_risk", "mean_and_se", "mhsa_bayes_risk", "mhsa_posterior_mean", "multitask_bayes_risk",
     "multitask_posterior_mean", "on_prompts", "prediction_gap", "preconditioned_gd", "query_lens",

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import model_validator
 
+from iclab.baselines import filter_tail_errors
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
@@ -24,7 +25,7 @@ from iclab.experiments.drift._common import (
 )
 from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
-from iclab.tasks.drift_native import sample_training_batch
+from iclab.tasks.drift_native import sample_shared_batch
 from iclab.theory import drift as theory
 
 REL_TOL = 0.03  # trained GLA vs Theorem 2, as in drift.fig1
@@ -51,40 +52,54 @@ class BaselinesConfig(TrainConfig):
         return self
 
 
-@functools.partial(jax.jit, static_argnames=("length", "chunk", "window", "sampler"))
-def _chunk_errors(key, Lam, gamma, sigma_w2, sigma_e2, mu, beta, delta, *, length, chunk, window, sampler="xla"):
-    """Per-sequence a-priori errors of LMS and RLS, averaged over the last `window` steps: ((chunk,), (chunk,)).
+@functools.partial(jax.jit, static_argnames=("length", "chunk", "sampler"))
+def _chunk_streams(key, Lam, gammas, sigma_w2, sigma_e2, *, length, chunk, sampler="xla"):
+    """``chunk`` filtered sequences of ``length`` steps of every process γ_g, the inputs shared (common random
+    numbers): x (chunk, length, d), y (G, chunk, length).
 
-    The sequences come from the training's sampler (``TrainConfig.sampler``): ``native`` draws them with the
-    compiled sampler (its tokens give x and y; 2.5× faster than XLA's at 2000 × 1000 steps), ``xla`` with
-    ``sample_drift_prompts``."""
+    From the training's sampler (``TrainConfig.sampler``): ``native`` draws them with the compiled sampler's shared
+    layout (its last label is the target y_{n+1}), ``xla`` with ``sample_drift_prompts``."""
     if sampler == "native":
-        Z, target = sample_training_batch(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1,
-                                          Lam=Lam, dtype=Lam.dtype)
-        x, y = Z[0, :, :, :-1], jnp.concatenate([Z[0, :, :-1, -1], target[0][:, None]], axis=-1)
-    else:
-        pr = sample_drift_prompts(key, chunk, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1, Lam=Lam)
-        x, y = pr.x, pr.y
-    lms = theory.lms_predictions(x, y, mu=mu)
-    rls = theory.rls_predictions(x, y, beta=beta, delta=delta)
-    tail = slice(length - window, length)
-    return jnp.mean((lms - y)[:, tail] ** 2, axis=-1), jnp.mean((rls - y)[:, tail] ** 2, axis=-1)
+        X, Y, target = sample_shared_batch(key, chunk, gamma=gammas, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1,
+                                           Lam=Lam, dtype=Lam.dtype)
+        return X, Y.at[..., -1].set(target)
+    pr = sample_drift_prompts(key, chunk, gamma=gammas, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1, Lam=Lam)
+    return pr.x[0], pr.y
 
 
-def _filter_errors(config: BaselinesConfig, gamma: float, key) -> dict:
-    """Mean a-priori error of LMS and RLS over the last `window` steps, and its standard error over trials."""
+@functools.partial(jax.jit, static_argnames=("window",))
+def _xla_tail_errors(x, y, mu, beta, delta, *, window):
+    """The filters by ``theory.drift``'s scans: per-sequence a-priori errors over the last ``window`` steps, (G, B)
+    each (``baselines.filter_tail_errors``' naive twin)."""
+    def errors(y_g):
+        lms = theory.lms_predictions(x, y_g, mu=mu)
+        rls = theory.rls_predictions(x, y_g, beta=beta, delta=delta)
+        return (jnp.mean((lms - y_g)[:, -window:] ** 2, axis=-1), jnp.mean((rls - y_g)[:, -window:] ** 2, axis=-1))
+
+    return jax.lax.map(errors, y)
+
+
+def _filter_errors(config: BaselinesConfig, key) -> dict:
+    """Mean a-priori error of LMS and RLS over the last `window` steps at every γ, and its standard error over
+    trials: dict of (G,) arrays. The filters run by ``config.kernel``: ``native``, the compiled kernel
+    ``baselines.filter_tail_errors``; ``xla``, ``theory.drift``'s scans (equal to float rounding, tested)."""
     Lam = jnp.asarray(config.Lam())
+    gammas = jnp.asarray(config.gammas, Lam.dtype)
     per_trial = {"lms": [], "rls": []}
     for c in range(-(-config.trials // config.chunk)):
-        lms, rls = _chunk_errors(jax.random.fold_in(key, c), Lam, gamma, config.sigma_w2, config.sigma_e2,
-                                 config.lms_mu, config.rls_beta, config.rls_delta, length=config.length,
-                                 chunk=config.chunk, window=config.window, sampler=config.sampler)
+        x, y = _chunk_streams(jax.random.fold_in(key, c), Lam, gammas, config.sigma_w2, config.sigma_e2,
+                              length=config.length, chunk=config.chunk, sampler=config.sampler)
+        if config.kernel == "native":
+            lms, rls = filter_tail_errors(x, y, mu=config.lms_mu, beta=config.rls_beta, delta=config.rls_delta,
+                                          window=config.window)
+        else:
+            lms, rls = _xla_tail_errors(x, y, config.lms_mu, config.rls_beta, config.rls_delta, window=config.window)
         per_trial["lms"].append(np.asarray(lms))
         per_trial["rls"].append(np.asarray(rls))
     out = {}
     for name, v in per_trial.items():
-        v = np.concatenate(v)[: config.trials]
-        out[name], out[f"{name}_se"] = v.mean(), v.std() / np.sqrt(v.size)
+        v = np.concatenate(v, axis=1)[:, : config.trials]
+        out[name], out[f"{name}_se"] = v.mean(axis=1), v.std(axis=1) / np.sqrt(v.shape[1])
     return out
 
 
@@ -96,14 +111,9 @@ def run_baselines(config: BaselinesConfig, reporter) -> dict:
            "err_la": np.array([theory.train_error(1.0, **config.setting(g)) for g in gam])}
 
     base = jax.random.fold_in(jax.random.PRNGKey(config.seed), 20_000)
-    filt = {k: np.zeros(gam.size) for k in ("lms", "lms_se", "rls", "rls_se")}
-    with task(reporter, f"LMS and RLS ({config.trials} sequences × {config.length} steps per γ)", gam.size) as cb:
-        for i, g in enumerate(gam):
-            e = _filter_errors(config, float(g), jax.random.fold_in(base, i))
-            for k in filt:
-                filt[k][i] = e[k]
-            cb(i + 1, {})
-    out.update(filt)
+    with task(reporter, f"LMS and RLS ({config.trials} sequences × {config.length} steps, every γ)", 1) as cb:
+        out.update(_filter_errors(config, jax.random.fold_in(base, 0)))
+        cb(1, {})
 
     S = config.seeds
     _, params = train_grid(config, gam, lam_star[:, None], reporter=reporter, label="GLA at λ* (one per γ)")
