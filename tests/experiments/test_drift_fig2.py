@@ -76,3 +76,22 @@ def test_deep_model_evidence_names_exploding_spiking_unfinished_and_heavy_tailed
     assert "spiked: L = 2, λ = 0.9 (1e+09 at step 70" in text
     assert "still descending: L = 2, λ = 0.9" in text and "λ = 1 (−" not in text
     assert "heavy-tailed test estimate: L = 2, λ = 1 (0.7 ± 0.5)" in text
+
+
+def test_one_layer_evidence_tells_saddle_models_from_others():
+    """A 1-layer model off Theorem 2 is named on the rank-one saddle when its error is within 3 SE of the saddle's
+    level (theory.drift.rank_one_saddle_errors), and named apart otherwise; models within tolerance are not named."""
+    from iclab.experiments.drift import fig2
+    from iclab.theory import drift as theory
+
+    config = get_experiment("drift.fig2").resolve("quick")
+    lams = np.array([0.8, 0.9, 1.0])
+    thm = np.array([theory.train_error(float(lam), **config.setting(config.gamma)) for lam in lams])
+    saddle = theory.rank_one_saddle_errors(0.8, **config.setting(config.gamma))[0]
+    err = np.array([saddle + 0.001, thm[1] * 1.01, thm[2] * 1.5])[None, None]  # (S, depths = 1, K)
+    r = {"lams": lams, "theory_train": thm, "train_err": err, "train_err_se": np.full(err.shape, 0.005)}
+    text = fig2._one_layer_evidence(config, r, 0)
+    assert f"saddle (error within 3 SE of its level; see drift.fig1): λ = 0.8 (" in text
+    assert "Not at a saddle level: λ = 1 (" in text and "λ = 0.9" not in text
+    r["train_err"] = np.broadcast_to(thm, err.shape)
+    assert fig2._one_layer_evidence(config, r, 0) == ""
