@@ -23,11 +23,13 @@ threads (at least one), a Ray task the CPUs it asked for (one).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 import warnings
 
-__all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "set_threads", "thread_count"]
+__all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "run_split", "set_threads",
+           "thread_count"]
 
 #: Environment variables that size the thread pools of XLA (PJRT_NPROC), OpenMP, BLAS and numba.
 POOL_VARIABLES = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
@@ -131,3 +133,19 @@ def _apply_environment() -> None:
     # variables already and keeps its pool: ``set_threads`` resizes it.
     for name in BLAS_VARIABLES:
         os.environ.setdefault(name, "1")
+
+
+def run_split(kernel, jobs: int, *args, threads: int) -> None:
+    """``kernel(*args, first, stop)`` over the jobs [0, jobs), split into contiguous runs, one per thread.
+
+    For the compiled CPU kernels (numba, ``nogil``) whose job ranges write disjoint outputs: each run is one
+    thread's, so a result summed within a job does not depend on the thread count. ``threads`` is the caller's
+    (its module's ``thread_count()``), capped at ``jobs``; one thread runs the kernel here.
+    """
+    threads = max(1, min(threads, jobs))
+    if threads == 1:
+        kernel(*args, 0, jobs)
+        return
+    bounds = [jobs * i // threads for i in range(threads + 1)]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernels release the GIL
+        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))

@@ -20,13 +20,12 @@ stream is one lane, so the result does not depend on the thread count or the blo
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 
 import numpy as np
 
 from iclab._numba import compile_kernels
-from iclab.threads import thread_count
+from iclab.threads import run_split, thread_count
 
 __all__ = ["filter_tail_errors"]
 
@@ -159,13 +158,5 @@ def filter_tail_errors(x, y, *, mu: float, beta: float, delta: float, window: in
     G = y.shape[0]
     lms, rls = np.empty((G, B)), np.empty((G, B))
     jobs = -(-B // CHUNK)
-    kernel = _kernel()
-    args = (x, y, float(mu), float(beta), float(delta), int(window), lms, rls)
-    threads = max(1, min(thread_count(), jobs))
-    bounds = [jobs * i // threads for i in range(threads + 1)]
-    if threads == 1:
-        kernel(*args, 0, jobs)
-    else:  # the kernel releases the GIL; each thread owns a contiguous run of blocks (and their outputs)
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+    run_split(_kernel(), jobs, x, y, float(mu), float(beta), float(delta), int(window), lms, rls, threads=thread_count())
     return (lms[0], rls[0]) if single else (lms, rls)

@@ -24,7 +24,6 @@ only; a GPU run would copy to the host every step: use the XLA form there).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 
 import jax
@@ -33,7 +32,7 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
-from iclab.threads import thread_count
+from iclab.threads import run_split, thread_count
 
 __all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
 
@@ -160,14 +159,7 @@ def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int, jobs: int):
     dy = np.empty((G, K, B), dt)
     H = np.empty((G, K, B, D), dt)
     J = np.empty((G, K, B, D), dt)
-    threads = max(1, min(thread_count(), jobs))
-    bounds = [jobs * i // threads for i in range(threads + 1)]
-    if threads == 1:
-        kernel(*tokens, u, c, lam, yhat, H, J, dy, 0, jobs)
-    else:  # the kernel releases the GIL; each thread owns a contiguous run of blocks (and their outputs)
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda i: kernel(*tokens, u, c, lam, yhat, H, J, dy, bounds[i], bounds[i + 1]),
-                          range(threads)))
+    run_split(kernel, jobs, *tokens, u, c, lam, yhat, H, J, dy, threads=thread_count())  # each thread its run of blocks
     return yhat, H, J, dy
 
 
@@ -448,13 +440,7 @@ def _layer_kernels(D: int, residual: bool = False):
 
 def _run_blocks(kernel, blocks: int, *args) -> None:
     """kernel(*args, first, stop) over blocks [0, blocks), split into contiguous runs, one per thread."""
-    threads = max(1, min(thread_count(), blocks))
-    bounds = [blocks * i // threads for i in range(threads + 1)]
-    if threads == 1:
-        kernel(*args, 0, blocks)
-        return
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernels release the GIL
-        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+    run_split(kernel, blocks, *args, threads=thread_count())
 
 
 def _host_layer_forward(Z, WQ, WK, WV, lam, residual: bool = False):

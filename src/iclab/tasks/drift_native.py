@@ -39,7 +39,7 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
-from iclab.threads import thread_count
+from iclab.threads import run_split, thread_count
 
 __all__ = ["sample_shared_batch", "sample_training_batch"]
 
@@ -414,16 +414,7 @@ def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: 
     args = (np.uint64(key[0]), np.uint64(key[1]), round_keys(key[0], key[1]),
             *(np.asarray(a, np.float64) for a in (gamma, sigma_w, sigma_e)), chol,
             bool(np.all(chol == np.diag(np.diag(chol)))), *_ziggurat(), *out)
-    kernel = _kernels()[1 if shared else 0]
-    threads = max(1, min(thread_count(), B))
-    bounds = [B * i // threads for i in range(threads + 1)]
-    if threads == 1:
-        kernel(*args, 0, B)
-    else:
-        import concurrent.futures
-
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernel releases the GIL
-            list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+    run_split(_kernels()[1 if shared else 0], B, *args, threads=thread_count())  # prompts split over threads
     return out
 
 
