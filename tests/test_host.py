@@ -1,4 +1,4 @@
-"""host_call against jax.pure_callback: same results under jit, vmap (both methods) and eagerly, with the
+"""host_call against jax.pure_callback: same results under jit, vmap (each method) and eagerly, with the
 operands handed over as numpy arrays (not JAX arrays, whose conversion would copy them again)."""
 
 import jax
@@ -39,12 +39,12 @@ def test_host_call_equals_pure_callback_under_jit_and_eagerly():
             np.testing.assert_array_equal(out[k], ref[k])
 
 
-@pytest.mark.parametrize("vmap_method", ["sequential", "broadcast_all"])
+@pytest.mark.parametrize("vmap_method", ["sequential", "broadcast_all", "expand_dims"])
 def test_host_call_vmaps_as_pure_callback(vmap_method):
     calls = []
 
     def fn(a, b):
-        calls.append(a.shape)
+        calls.append((a.shape, b.shape))
         return _host(a, b)
 
     xs = jax.random.normal(jax.random.PRNGKey(0), (5, 3, 4))
@@ -53,8 +53,10 @@ def test_host_call_vmaps_as_pure_callback(vmap_method):
     ref = jax.jit(jax.vmap(lambda x: _reference(_host, _shapes(x), x, y, vmap_method=vmap_method)))(xs)
     for k in ref:
         np.testing.assert_allclose(out[k], ref[k], rtol=1e-6)
-    # sequential: one call per mapped instance; broadcast_all: one call with the mapped axis first
-    assert calls == ([(3, 4)] * 5 if vmap_method == "sequential" else [(5, 3, 4)])
+    # sequential: one call per mapped instance; broadcast_all: one call with the mapped axis first, the unmapped
+    # operand broadcast; expand_dims: likewise, the unmapped operand with a leading axis of size 1
+    assert calls == {"sequential": [((3, 4), (3,))] * 5, "broadcast_all": [((5, 3, 4), (5, 3))],
+                     "expand_dims": [((5, 3, 4), (1, 3))]}[vmap_method]
 
 
 def test_operands_arrive_as_read_only_numpy_arrays():

@@ -78,15 +78,18 @@ def _build():
 
     def batch(args, dims, *, fn, out, vmap_method):
         """vmap as ``jax.pure_callback`` does: ``broadcast_all`` gives the function every operand with the
-        mapped axis first (unmapped ones broadcast); ``sequential`` calls it once per mapped instance."""
+        mapped axis first (unmapped ones broadcast); ``expand_dims`` likewise, but the unmapped ones with a
+        leading axis of size 1 (not copied: the function broadcasts); ``sequential`` calls it once per mapped
+        instance."""
         n = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        if vmap_method == "broadcast_all":
-            full = [jnp.broadcast_to(a, (n,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
-                    for a, d in zip(args, dims)]
+        if vmap_method in ("broadcast_all", "expand_dims"):
+            full = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (n,) + a.shape)
+                    if vmap_method == "broadcast_all" else jnp.expand_dims(a, 0) for a, d in zip(args, dims)]
             out_n = tuple(jax.core.ShapedArray((n,) + o.shape, o.dtype) for o in out)
             return prim.bind(*full, fn=fn, out=out_n, vmap_method=vmap_method), [0] * len(out)
         if vmap_method != "sequential":
-            raise NotImplementedError(f"host_call: vmap_method {vmap_method!r} (sequential or broadcast_all)")
+            raise NotImplementedError(f"host_call: vmap_method {vmap_method!r} (sequential, broadcast_all or "
+                                      "expand_dims)")
         mapped = [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None]
 
         def one(xs):
@@ -113,8 +116,9 @@ def host_call(fn, result_shape_dtypes, *args, vmap_method: str = "sequential"):
         fn: numpy function of the operands (it receives them as read-only numpy arrays).
         result_shape_dtypes: pytree of ``jax.ShapeDtypeStruct`` of fn's results.
         *args: array operands.
-        vmap_method: ``sequential`` (one call per mapped instance) or ``broadcast_all`` (one call, every
-            operand with the mapped axis first), as in ``jax.pure_callback``.
+        vmap_method: ``sequential`` (one call per mapped instance), ``broadcast_all`` (one call, every
+            operand with the mapped axis first) or ``expand_dims`` (one call, the unmapped operands with a
+            leading axis of size 1), as in ``jax.pure_callback``.
     Returns:
         fn's results, as arrays in the pytree of ``result_shape_dtypes``.
     """

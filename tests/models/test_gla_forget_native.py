@@ -230,3 +230,90 @@ def test_multilayer_mse_with_a_learnt_forget_factor():
     ref = jax.grad(lambda p: jnp.mean((gla.predict_multilayer(p, Z[0], None, form="parallel") - y[0]) ** 2))(P)
     got = jax.grad(lambda p: native.multilayer_mse(p, Z[0], y[0], None))(P)
     assert _rel(got["theta"], ref["theta"]) < 1e-11 and _rel(got["WQ"], ref["WQ"]) < 1e-11
+
+
+def test_blocked_layer_kernels_equal_the_token_layout_kernels():
+    """The layer kernels on the blocked layout (the tokens as (⌈B/16⌉, T, D, 16), the spare lanes zero) against the
+    kernels on the tokens (tested against the parallel form above): outputs, and the backward pass with and
+    without the input cotangent and λ̄; spare lanes stay zero."""
+    rng = np.random.default_rng(2)
+    B, T = 2 * native.LANES + 5, 11
+    Z, dO = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
+    W = [0.3 * rng.standard_normal((D, D)) for _ in range(3)]
+    lam = 0.85
+    O_ref = native._host_layer_forward(Z, *W, lam, residual=True)
+    dZ_ref, *gW_ref, gl_ref = native._host_layer_backward(Z, *W, lam, dO, residual=True)
+    Zb, dOb = native._to_blocks(Z), native._to_blocks(dO)
+    nb = Zb.shape[0]
+    assert Zb.shape == (3, T, D, native.LANES) and not Zb[-1, ..., 5:].any()
+    fwd = native._layer_kernels(D, True, blocked=True)[0]
+    Ob = np.full_like(Zb, np.nan)
+    native._run_blocks(fwd, nb, Zb, *W, lam, Ob)
+    got = np.moveaxis(Ob, 3, 1).reshape(nb * native.LANES, T, D)  # prompt-major again
+    np.testing.assert_allclose(got[:B], O_ref, rtol=1e-13, atol=1e-13)
+    assert not got[B:].any()
+    for grad_z in (True, False):
+        for grad_lam in (True, False):
+            bwd = native._layer_kernels(D, True, blocked=True, grad_z=grad_z, grad_lam=grad_lam)[1]
+            dZb = np.full_like(Zb, np.nan)
+            dW, dlam = np.empty((nb, 3, D, D)), np.empty(nb)
+            native._run_blocks(bwd, nb, Zb, *W, lam, dOb, dZb, dW, dlam)
+            for a, b in zip(dW.sum(0), gW_ref):
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+            assert dlam.sum() == pytest.approx(gl_ref if grad_lam else 0.0, rel=1e-12, abs=0.0)
+            if grad_z:
+                got = np.moveaxis(dZb, 3, 1).reshape(nb * native.LANES, T, D)
+                np.testing.assert_allclose(got[:B], dZ_ref, rtol=1e-12, atol=1e-12)
+                assert not got[B:].any()
+            else:
+                assert np.isnan(dZb).all()  # not written
+
+
+def test_blocked_layer_backward_does_not_depend_on_the_thread_count(monkeypatch):
+    rng = np.random.default_rng(3)
+    B, T = 5 * native.LANES + 1, 7
+    Zb, dOb = native._to_blocks(rng.standard_normal((B, T, D))), native._to_blocks(rng.standard_normal((B, T, D)))
+    W = [0.3 * rng.standard_normal((D, D)) for _ in range(3)]
+    bwd = native._layer_kernels(D, True, blocked=True)[1]
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        dZb, dW, dlam = np.empty_like(Zb), np.empty((Zb.shape[0], 3, D, D)), np.empty(Zb.shape[0])
+        native._run_blocks(bwd, Zb.shape[0], Zb, *W, 0.9, dOb, dZb, dW, dlam)
+        outs.append((dZb, dW, dlam))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_multilayer_mse_with_a_fixed_forget_factor_and_shared_tokens(monkeypatch):
+    """The paper presets' use: models vmapped over a row (the tokens shared: one host call for all of them, the
+    tokens blocked once) and over rows (tokens per row), λ fixed (not differentiated: λ̄ is skipped), gradients of
+    the weights only; and the loss alone (no gradient computed) under jit. Against the parallel form."""
+    d, L, B = D - 1, 3, native.LANES + 3
+    Z, y = _prompts(2, B, d, 9, jnp.float64)  # two rows of tokens
+    lam = jnp.asarray([[0.9, 0.75, 1.0], [0.8, 0.95, 0.7]])
+    keys = jax.random.split(jax.random.PRNGKey(6), 6)
+    P = jax.vmap(lambda k: gla.init_gla(k, d, "qkv", 0.3, layers=L))(keys)
+    P = jax.tree_util.tree_map(lambda a: a.reshape((2, 3) + a.shape[1:]), P)
+    weights = jnp.arange(1.0, 7.0).reshape(2, 3)
+
+    def total(mse):
+        return lambda P: jnp.sum(jax.vmap(lambda p, Zg, yg, lg: jax.vmap(lambda q, l: mse(q, Zg, yg, l))(p, lg))(
+            P, Z, y, lam) * weights)
+
+    def ref_mse(p, Zg, yg, l):
+        return jnp.mean((gla.predict_multilayer(p, Zg, l, form="parallel") - yg) ** 2)
+
+    calls, blocked = [], []
+    model_mse, to_blocks = native._model_mse, native._to_blocks
+    monkeypatch.setattr(native, "_model_mse", lambda *a: calls.append(a[-2:]) or model_mse(*a))
+    monkeypatch.setattr(native, "_to_blocks", lambda Z: blocked.append(Z.shape) or to_blocks(Z))
+    r, g = jax.value_and_grad(total(ref_mse))(P)
+    n, h = jax.jit(jax.value_and_grad(total(native.multilayer_mse)))(P)
+    # one host call: six models with their gradients, λ̄ skipped; each row's tokens blocked once
+    assert calls == [(True, False)] * 6 and len(blocked) == 2
+    assert abs(float(n - r)) <= 1e-12 * abs(float(r))
+    for a, b in zip(jax.tree_util.tree_leaves(h), jax.tree_util.tree_leaves(g)):
+        assert _rel(a, b) < 1e-10
+    assert abs(float(jax.jit(total(native.multilayer_mse))(P) - r)) <= 1e-12 * abs(float(r))

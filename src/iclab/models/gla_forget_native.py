@@ -18,8 +18,11 @@ Why a kernel: XLA:CPU runs these contractions (T = 101 by D = 11, batched over p
 row, transposes it prompt-minor into a buffer that stays in cache for the K models of the row, and
 vectorises over the prompts of the block (the loops over D unrolled into scalars, as in
 :mod:`iclab.engines.moments_native`). Each output is summed by one thread in a fixed order, so the result
-does not depend on the thread count. It runs inside jitted JAX code through ``jax.pure_callback`` (CPU
+does not depend on the thread count. It runs inside jitted JAX code through ``iclab._host.host_call`` (CPU
 only; a GPU run would copy to the host every step: use the XLA form there).
+
+The full layers at every position (``gla_layer``, ``multilayer_mse``) are kernels of the same kind, in the
+recurrent state form, on the tokens (B, T, D) or on a blocked layout (``_layer_source``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ __all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
 
 #: Prompts per block: the block's tokens (T·D·CH floats) stay in the L2 cache while the K models of its row pass.
 CHUNK = 64
+#: Lanes of a block in the layer kernels' blocked layout (``_layer_source``): one 512-bit vector of float32.
+LANES = 16
 
 # Reassociation and FMA contraction let LLVM vectorise over the prompts of a block (no 'nnan'/'ninf': a
 # diverging run gives NaN and inf as the XLA form does).
@@ -271,7 +276,8 @@ readout_grid_shared.defvjp(_fwd_shared, _bwd_shared)
 # A full layer (every position): forward and backward kernels
 
 
-def _layer_source(D: int, residual: bool = False) -> str:
+def _layer_source(D: int, residual: bool = False, *, blocked: bool = False, grad_z: bool = True,
+                  grad_lam: bool = True) -> str:
     """Forward and backward kernels of one GLA layer at every position, for tokens of width D (inner loops over D
     unrolled into scalars; the loops over prompts vectorise).
 
@@ -283,79 +289,92 @@ def _layer_source(D: int, residual: bool = False) -> str:
         W̄_K += k̄ zᵀ, W̄_V += v̄ zᵀ, z̄_t += W_Kᵀ k̄ + W_Vᵀ v̄.
     (λ̄ = Σ_t ⟨S̄_t, S_{t-1}⟩ = Σ_i v_iᵀ E_i k_i, E_i = Σ_{t>i} λ^{t-1-i} S̄_t.) Each block of CH prompts writes its
     own partial sums of W̄ and λ̄ (summed over blocks in order by the caller: no dependence on the thread count).
+
+    Layouts: the tokens Z (B, T, D), whose blocks the kernels transpose into (T, D, CH) buffers and back; or
+    ``blocked``, Z already as (⌈B/CH⌉, T, D, CH) (prompt b of block i in lane b, the last block padded with zero
+    prompts, whose outputs and cotangents are zero), read and written in place. Without ``grad_z`` the backward
+    skips z̄ (a layer on data: W_Qᵀ q̄ + W_Kᵀ k̄ + W_Vᵀ v̄ is 6TD² of its ≈ 34TD²) and leaves dZ alone; without
+    ``grad_lam`` it skips E and λ̄ (4TD²) and writes λ̄ = 0.
     """
     F = range(D)
     zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
+    lanes = "CH" if blocked else "n"
     head = [
-        "    B, T, _ = Z.shape",
-        f"    zb = np.empty((T, {D}, CH), Z.dtype)",
+        "    T = Z.shape[1]",
         f"    q = np.empty(({D}, CH), Z.dtype)",
         f"    k = np.empty(({D}, CH), Z.dtype)",
         f"    v = np.empty(({D}, CH), Z.dtype)",
         f"    S = np.empty(({D}, {D}, CH), Z.dtype)",
     ]
-    # a block of prompts is read once, prompt by prompt (contiguous rows), into zb (T, D, CH); zt = zb[t]
-    load_block = ["        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
+    if not blocked:
+        head.append(f"    zb = np.empty((T, {D}, CH), Z.dtype)")
+    start = ["    for blk in range(first, stop):"]
+    if blocked:
+        start.append("        zb = Z[blk]")
+    else:
+        # a block of prompts is read once, prompt by prompt (contiguous rows), into zb (T, D, CH); zt = zb[t]
+        start += ["        b0 = blk * CH", "        n = min(CH, Z.shape[0] - b0)",
+                  "        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
                   "                    zb[t, f, b] = Z[b0 + b, t, f]"]
     load_z = ["            zt = zb[t]"]
     qkv = [
         f"            for e in range({D}):",
         *[f"                wq{f} = WQ[e, {f}]; wk{f} = WK[e, {f}]; wv{f} = WV[e, {f}]" for f in F],
-        "                for b in range(n):",
+        f"                for b in range({lanes}):",
         *[f"                    z{f} = zt[{f}, b]" for f in F],
         f"                    q[e, b] = {zsum('wq')}",
         f"                    k[e, b] = {zsum('wk')}",
         f"                    v[e, b] = {zsum('wv')}",
     ]
+    out = " + ".join(f"s{f} * q[{f}, b]" for f in F)
     forward = [
         "def forward(Z, WQ, WK, WV, lam, O, first, stop):",
         *head,
-        f"    ob = np.empty((T, {D}, CH), Z.dtype)",
-        "    for blk in range(first, stop):",
-        "        b0 = blk * CH",
-        "        n = min(CH, Z.shape[0] - b0)",
+        *([] if blocked else [f"    ob = np.empty((T, {D}, CH), Z.dtype)"]),
+        *start,
+        *(["        ob = O[blk]"] if blocked else []),
         "        S[:] = 0.0",
-        *load_block,
         "        for t in range(T):",
         *load_z, *qkv,
         f"            for e in range({D}):",
         "                Se = S[e]",
-        "                for b in range(n):",
+        f"                for b in range({lanes}):",
         "                    ve = v[e, b]",
         *[f"                    s{f} = lam * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}" for f in F],
-        "                    ob[t, e, b] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
+        f"                    ob[t, e, b] = " + ("zt[e, b] + " if blocked and residual else "") + out,
+    ]
+    if not blocked:
         # written out prompt by prompt: contiguous rows of O (a store per (t, e) inside the loop above would
         # stride by T·D)
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for e in range({D}):",
-        "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
-    ]
+        forward += [
+            "        for b in range(n):",
+            "            for t in range(T):",
+            f"                for e in range({D}):",
+            "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
+        ]
+    # z̄ of a blocked layer is written in place, the residual ō added in pass 1; of a token layer kept in dzb and
+    # written out (with ō) at the end
+    res = "do[f, b] + " if blocked and residual else ""
     backward = [
         "def backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop):",
         *head,
         f"    E = np.empty(({D}, {D}, CH), Z.dtype)",
-        f"    dzb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Qb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Kb = np.empty((T, {D}, CH), Z.dtype)",
         f"    Vb = np.empty((T, {D}, CH), Z.dtype)",
         f"    gW = np.empty((3, {D}, {D}, CH), Z.dtype)",
-        f"    dob = np.empty((T, {D}, CH), Z.dtype)",
         f"    dq = np.empty(({D}, CH), Z.dtype)",
         f"    dk = np.empty(({D}, CH), Z.dtype)",
         f"    dv = np.empty(({D}, CH), Z.dtype)",
-        "    gl = np.empty(CH, Z.dtype)",
-        "    for blk in range(first, stop):",
-        "        b0 = blk * CH",
-        "        n = min(CH, Z.shape[0] - b0)",
+        "    gl = np.zeros(CH, Z.dtype)",
+        *([] if blocked else [f"    dzb = np.empty((T, {D}, CH), Z.dtype)", f"    dob = np.empty((T, {D}, CH), Z.dtype)"]),
+        *start,
+        *(["        dob = dO[blk]", *(["        dzb = dZ[blk]"] if grad_z else [])] if blocked else [
+            "        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
+            "                    dob[t, f, b] = dO[b0 + b, t, f]"]),
         "        S[:] = 0.0",
         "        gW[:] = 0.0",
         "        gl[:] = 0.0",
-        *load_block,
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for f in range({D}):",
-        "                    dob[t, f, b] = dO[b0 + b, t, f]",
         # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
         "        for t in range(T):",
         "            q = Qb[t]",
@@ -366,23 +385,28 @@ def _layer_source(D: int, residual: bool = False) -> str:
         "            dq[:] = 0.0",
         f"            for e in range({D}):",
         "                Se = S[e]",
-        "                for b in range(n):",
+        f"                for b in range({lanes}):",
         "                    ve = v[e, b]",
         "                    doe = do[e, b]",
         *[f"                    s{f} = lam * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}; dq[{f}, b] += s{f} * doe"
           for f in F],
         f"            for e in range({D}):",
         "                g = gW[0, e]",
-        "                for b in range(n):",
+        f"                for b in range({lanes}):",
         "                    x = dq[e, b]",
         *[f"                    g[{f}, b] += x * zt[{f}, b]" for f in F],
-        f"            for f in range({D}):",
-        *[f"                w{e} = WQ[{e}, f]" for e in F],
-        "                for b in range(n):",
-        "                    dzb[t, f, b] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+    ]
+    if grad_z:
+        backward += [
+            f"            for f in range({D}):",
+            *[f"                w{e} = WQ[{e}, f]" for e in F],
+            f"                for b in range({lanes}):",
+            f"                    dzb[t, f, b] = {res}" + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+        ]
+    backward += [
         # pass 2: S̄_t backward (S now holds S̄), E for λ̄
         "        S[:] = 0.0",
-        "        E[:] = 0.0",
+        *(["        E[:] = 0.0"] if grad_lam else []),
         "        for t in range(T - 1, -1, -1):",
         "            q = Qb[t]",
         "            k = Kb[t]",
@@ -392,39 +416,47 @@ def _layer_source(D: int, residual: bool = False) -> str:
         "            dk[:] = 0.0",
         f"            for e in range({D}):",
         "                Se = S[e]",
-        "                Ee = E[e]",
-        "                for b in range(n):",
+        *(["                Ee = E[e]"] if grad_lam else []),
+        f"                for b in range({lanes}):",
         "                    ve = v[e, b]",
         "                    doe = do[e, b]",
-        *[f"                    x{f} = Se[{f}, b] + lam * Ee[{f}, b]; Ee[{f}, b] = x{f}" for f in F],
-        "                    gl[b] += ve * (" + " + ".join(f"x{f} * k[{f}, b]" for f in F) + ")",
+        *([*[f"                    x{f} = Se[{f}, b] + lam * Ee[{f}, b]; Ee[{f}, b] = x{f}" for f in F],
+           "                    gl[b] += ve * (" + " + ".join(f"x{f} * k[{f}, b]" for f in F) + ")"] if grad_lam else []),
         *[f"                    s{f} = lam * Se[{f}, b] + doe * q[{f}, b]; Se[{f}, b] = s{f}; dk[{f}, b] += s{f} * ve"
           for f in F],
         "                    dv[e, b] = " + " + ".join(f"s{f} * k[{f}, b]" for f in F),
         f"            for e in range({D}):",
         "                gk = gW[1, e]",
         "                gv = gW[2, e]",
-        "                for b in range(n):",
+        f"                for b in range({lanes}):",
         "                    xk = dk[e, b]",
         "                    xv = dv[e, b]",
         *[f"                    gk[{f}, b] += xk * zt[{f}, b]; gv[{f}, b] += xv * zt[{f}, b]" for f in F],
-        f"            for f in range({D}):",
-        *[f"                a{e} = WK[{e}, f]; c{e} = WV[{e}, f]" for e in F],
-        "                for b in range(n):",
-        "                    dzb[t, f, b] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for e in range({D}):",
-        "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
+    ]
+    if grad_z:
+        backward += [
+            f"            for f in range({D}):",
+            *[f"                a{e} = WK[{e}, f]; c{e} = WV[{e}, f]" for e in F],
+            f"                for b in range({lanes}):",
+            "                    dzb[t, f, b] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
+        ]
+        if not blocked:
+            backward += [
+                "        for b in range(n):",
+                "            for t in range(T):",
+                f"                for e in range({D}):",
+                "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
+            ]
+    backward += [
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
         "                    acc = 0.0",
-        "                    for b in range(n):",
+        f"                    for b in range({lanes}):",
         "                        acc += gW[i, e, f, b]",
         "                    dW[blk, i, e, f] = acc",
         "        acc = 0.0",
-        "        for b in range(n):",
+        f"        for b in range({lanes}):",
         "            acc += gl[b]",
         "        dlam[blk] = acc",
     ]
@@ -432,10 +464,119 @@ def _layer_source(D: int, residual: bool = False) -> str:
 
 
 @functools.cache
-def _layer_kernels(D: int, residual: bool = False):
-    """(forward, backward) compiled for width D (on first call per dtype, a few seconds each)."""
-    return compile_kernels(_layer_source(D, residual), ["forward", "backward"], label=f"iclab GLA layer kernels, D={D}",
-                           constants={"CH": CHUNK}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
+def _layer_kernels(D: int, residual: bool = False, *, blocked: bool = False, grad_z: bool = True,
+                   grad_lam: bool = True):
+    """(forward, backward) compiled for width D (on first call per dtype, a few seconds each); ``_layer_source``'s
+    options (the forward depends on ``residual`` and ``blocked`` alone)."""
+    lanes = LANES if blocked else CHUNK
+    return compile_kernels(_layer_source(D, residual, blocked=blocked, grad_z=grad_z, grad_lam=grad_lam),
+                           ["forward", "backward"],
+                           label=f"iclab GLA layer kernels, D={D}{', blocked' if blocked else ''}",
+                           constants={"CH": lanes}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
+
+
+def _blocked_source(D: int) -> str:
+    """Kernels on the blocked layout Zb (⌈B/CH⌉, T, D, CH) of ``_layer_source``: ``to_blocks`` (tokens (B, T, D) into
+    it, the last block's spare lanes zero), and ``readout``: one model's read-out at the query, its error and (with
+    ``cot``) its token cotangents (``_host_multilayer_mse``). Per prompt, with a_t = u·z_t, s_t = c·z_t,
+    w_t = λ^{T−1−t}, w'_t = (T−1−t)λ^{T−2−t}:
+
+        ŷ = z_q[label] + c·H,  H = Σ_t w_t a_t z_t,  J = Σ_t w_t s_t z_t,  ŷ' = Σ_t w'_t a_t s_t,  err = ŷ − y,
+        z̄_t = e w_t (a_t c + s_t u),  e = scale · err (the cotangent of ŷ),
+
+    the cotangents computed block by block while the block's tokens are in cache. c, H, J, z̄ are blocked as the
+    tokens ((⌈B/CH⌉, D, CH), ...), y, err, ŷ' as (⌈B/CH⌉, CH); spare lanes (zero tokens, y = 0) give zeros."""
+    F = range(D)
+    dot = lambda w: " + ".join(f"{w.format(f=f)} * z{f}" for f in F)  # noqa: E731
+    loadz = [f"                z{f} = zt[{f}, b]" for f in F]
+    return "\n".join([
+        "def to_blocks(Z, Zb, first, stop):",
+        "    B, T, _ = Z.shape",
+        "    for blk in range(first, stop):",
+        "        b0 = blk * CH",
+        "        n = min(CH, B - b0)",
+        "        zb = Zb[blk]",
+        "        for b in range(n):",
+        "            for t in range(T):",
+        f"                for f in range({D}):",
+        "                    zb[t, f, b] = Z[b0 + b, t, f]",
+        "        for t in range(T):",
+        f"            for f in range({D}):",
+        "                for b in range(n, CH):",
+        "                    zb[t, f, b] = 0.0",
+        "",
+        "",
+        "def readout(Z, u, c, w, wp, y, scale, err, H, J, dy, dZ, cot, first, stop):",
+        "    T = Z.shape[1]",
+        *[f"    u{f} = u[{f}]" for f in F],
+        "    for blk in range(first, stop):",
+        "        zb = Z[blk]",
+        "        cb = c[blk]",
+        "        Hb = H[blk]",
+        "        Jb = J[blk]",
+        "        Hb[:] = 0.0",
+        "        Jb[:] = 0.0",
+        "        db = dy[blk]",
+        "        db[:] = 0.0",
+        "        for t in range(T):",
+        "            zt = zb[t]",
+        "            wt = w[t]",
+        "            wpt = wp[t]",
+        "            for b in range(CH):",
+        *loadz,
+        f"                a = {dot('u{f}')}",
+        f"                s = {dot('cb[{f}, b]')}",
+        "                wa = wt * a",
+        "                ws = wt * s",
+        *[f"                Hb[{f}, b] += wa * z{f}; Jb[{f}, b] += ws * z{f}" for f in F],
+        "                db[b] += wpt * a * s",
+        "        eb = err[blk]",
+        "        for b in range(CH):",
+        f"            eb[b] = zb[T - 1, {D - 1}, b] + (" + " + ".join(f"cb[{f}, b] * Hb[{f}, b]" for f in F)
+        + ") - y[blk, b]",
+        "        if not cot:",
+        "            continue",
+        # the read-out's token cotangents while the block is in cache: z̄_t = e w_t (a_t c + s_t u), e = scale·err
+        "        dzb = dZ[blk]",
+        "        for t in range(T):",
+        "            zt = zb[t]",
+        "            dt = dzb[t]",
+        "            wt = scale * w[t]",
+        "            for b in range(CH):",
+        *loadz,
+        f"                a = {dot('u{f}')}",
+        f"                s = {dot('cb[{f}, b]')}",
+        "                x = eb[b] * wt",
+        *[f"                dt[{f}, b] = x * (a * cb[{f}, b] + s * u{f})" for f in F],
+    ])
+
+
+@functools.cache
+def _blocked_kernels(D: int):
+    """(to_blocks, readout) of ``_blocked_source``, compiled for width D."""
+    return compile_kernels(_blocked_source(D), ["to_blocks", "readout"],
+                           label=f"iclab GLA blocked read-out kernels, D={D}", constants={"CH": LANES},
+                           fastmath=_FASTMATH, nogil=True, boundscheck=False)
+
+
+def _to_blocks(Z: np.ndarray) -> np.ndarray:
+    """Tokens (B, T, D) in the blocked layout (⌈B/LANES⌉, T, D, LANES), the spare lanes zero."""
+    B, T, D = Z.shape
+    Zb = np.empty((-(-B // LANES), T, D, LANES), Z.dtype)
+    _run_blocks(_blocked_kernels(D)[0], Zb.shape[0], Z, Zb)
+    return Zb
+
+
+def _lanes(a: np.ndarray, nb: int) -> np.ndarray:
+    """(B, ...) per-prompt values as (nb, ..., LANES), the spare lanes zero."""
+    out = np.zeros((nb * LANES,) + a.shape[1:], a.dtype)
+    out[:a.shape[0]] = a
+    return np.ascontiguousarray(np.moveaxis(out.reshape((nb, LANES) + a.shape[1:]), 1, -1))
+
+
+def _unlanes(a: np.ndarray, B: int) -> np.ndarray:
+    """Inverse of ``_lanes``: (nb, ..., LANES) -> (B, ...)."""
+    return np.moveaxis(a, -1, 1).reshape((-1,) + a.shape[1:-1])[:B]
 
 
 def _run_blocks(kernel, blocks: int, *args) -> None:
@@ -522,99 +663,135 @@ def gla_layer(params, Z: jax.Array, lam) -> jax.Array:
 # A whole L-layer model's loss in one host call
 
 
-def _host_multilayer_mse(Z, WQ, WK, WV, lam, y):
-    """numpy side of :func:`multilayer_mse`: (loss, W̄_Q, W̄_K, W̄_V (L, D, D), λ̄) of one model on one batch.
+def _host_multilayer_mse(Z, WQ, WK, WV, lam, y, grad: bool = True, grad_lam: bool = True):
+    """numpy side of :func:`multilayer_mse`: (loss, W̄_Q, W̄_K, W̄_V (..., L, D, D), λ̄) of models on their batches
+    (the gradients zero without ``grad``, λ̄ zero without ``grad_lam``).
+
+    Leading axes (a vmap's, by ``expand_dims``: size 1 where the models share an operand, as the models of a row
+    share its tokens) broadcast: the models are computed in turn, and each token array is put in the blocked
+    layout once (``_to_blocks``) for all the models that read it."""
+    dt = np.dtype(Z.dtype)
+    Z, WQ, WK, WV, y = (_readonly(a, dt) for a in (Z, WQ, WK, WV, y))
+    lam = np.asarray(lam, dt)
+    core = {"Z": 3, "W": 3, "lam": 0, "y": 1}
+    lead = np.broadcast_shapes(Z.shape[:-3], WQ.shape[:-3], WK.shape[:-3], WV.shape[:-3], lam.shape, y.shape[:-1])
+    L, D = WQ.shape[-3], Z.shape[-1]
+    out = (np.empty(lead, dt),) + tuple(np.empty(lead + (L, D, D), dt) for _ in range(3)) + (np.empty(lead, dt),)
+
+    def at(a, idx, k):  # a's entry for the model at idx (a size-1 or missing leading axis: shared)
+        a = a.reshape((1,) * (len(lead) + k - a.ndim) + a.shape)
+        return a[tuple(i if n > 1 else 0 for i, n in zip(idx, a.shape[:len(lead)]))]
+
+    last, Zb = None, None
+    for idx in np.ndindex(*lead):
+        Zi = at(Z, idx, core["Z"])
+        if last is None or Zi.__array_interface__["data"][0] != last:
+            last, Zb = Zi.__array_interface__["data"][0], _to_blocks(Zi)
+        res = _model_mse(Zb, Zi.shape[0], at(WQ, idx, 3), at(WK, idx, 3), at(WV, idx, 3), at(lam, idx, 0),
+                         at(y, idx, 1), grad, grad_lam)
+        for o, r in zip(out, res):
+            o[idx] = r
+    return out
+
+
+def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
+    """One model of :func:`_host_multilayer_mse` on its tokens in the blocked layout Zb (B prompts).
 
     Forward: Z_{l+1} = Z_l + GLA_l(Z_l) for the L − 1 full layers (the layer kernel), ŷ = Z_L[q, label] +
     Σ_t λ^{T−1−t} (u·z_t)(c·z_t) with u = (W_V)_{label,:}, c = W_Kᵀ W_Q z_q (the read-out kernel, which also gives
     H = ∂ŷ/∂c, J = ∂ŷ/∂u and ∂ŷ/∂λ). With e = 2(ŷ − y)/B: ū = Σ e J, c̄ = e H (then W̄_K = Σ_b q c̄ᵀ, q̄ = W_K c̄,
     W̄_Q = Σ_b q̄ z_qᵀ), and the read-out's token cotangents z̄_t = e λ^{T−1−t} ((u·z_t) c + (c·z_t) u), plus W_Qᵀ q̄ at
     the query and e at its label slot (the residual); then each layer's backward kernel, last to first, adding the
-    residual path (Z̄_l = Z̄_{l+1} + the layer's input cotangent)."""
-    dt = np.dtype(Z.dtype)
-    Z, WQ, WK, WV, y = (_readonly(a, dt) for a in (Z, WQ, WK, WV, y))
+    residual path (Z̄_l = Z̄_{l+1} + the layer's input cotangent). The first layer reads data: its input cotangent
+    is not computed."""
+    dt = Zb.dtype
     lam = dt.type(lam)
     L = WQ.shape[0]
-    B, T, D = Z.shape
-    Zs = [Z]
+    _, T, D, _ = Zb.shape
+    fwd, _ = _layer_kernels(D, True, blocked=True)
+    readout = _blocked_kernels(D)[1]
+    Zs = [Zb]
+    nb = Zb.shape[0]
     for l in range(L - 1):
-        Zs.append(_host_layer_forward(Zs[-1], WQ[l], WK[l], WV[l], lam, residual=True))
+        Zs.append(np.empty_like(Zs[0]))
+        _run_blocks(fwd, nb, Zs[-2], WQ[l], WK[l], WV[l], lam, Zs[-1])
     ZL = Zs[-1]
-    q = ZL[:, -1, :] @ WQ[-1].T  # (B, D): q = W_Q z_q
+    zq = _unlanes(ZL[:, -1], B)  # (B, D) query tokens
+    q = zq @ WQ[-1].T  # q = W_Q z_q
     c = q @ WK[-1]  # c = W_Kᵀ q
-    u = WV[-1][-1]
-    yr, H, J, dy = _host_forward(ZL[None], u[None, None], c[None, None], np.asarray([[lam]], dt))
-    yhat = ZL[:, -1, -1] + yr[0, 0]
-    err = yhat - y
+    u = np.ascontiguousarray(WV[-1][-1])
+    w = (lam ** np.arange(T - 1, -1, -1, dtype=np.float64)).astype(dt)
+    wp = (np.arange(T - 1, -1, -1) * lam ** np.arange(T - 2, -2, -1, dtype=np.float64)).astype(dt)
+    wp[-1] = 0.0
+    cb = _lanes(c, nb)
+    err, H, J, dy = (np.empty((nb, LANES), dt), np.empty((nb, D, LANES), dt), np.empty((nb, D, LANES), dt),
+                     np.empty((nb, LANES), dt))
+    cot = grad and L > 1
+    dZ = np.empty_like(ZL) if cot else ZL[:0]
+    _run_blocks(readout, nb, ZL, u, cb, w, wp, _lanes(y, nb), dt.type(2.0 / B), err, H, J, dy, dZ, cot)
+    err = _unlanes(err, B)
     loss = np.mean(err * err, dtype=dt)
-    e = (2.0 / B) * err
     gWQ, gWK, gWV = np.zeros((L, D, D), dt), np.zeros((L, D, D), dt), np.zeros((L, D, D), dt)
-    gWV[-1, -1] = e @ J[0, 0]
-    gc = e[:, None] * H[0, 0]
+    if not grad:
+        return loss, gWQ, gWK, gWV, dt.type(0.0)
+    e = (2.0 / B) * err
+    H, J = _unlanes(H, B), _unlanes(J, B)
+    gWV[-1, -1] = e @ J
+    gc = e[:, None] * H
     gWK[-1] = q.T @ gc
     gq = gc @ WK[-1].T  # q̄ = W_K c̄
-    gWQ[-1] = gq.T @ ZL[:, -1, :]
-    glam = e @ dy[0, 0]
-    w = (lam ** np.arange(T - 1, -1, -1, dtype=np.float64)).astype(dt)
-    dZ = np.empty_like(ZL)
-    _run_blocks(_readout_cotangent_kernel(), -(-B // CHUNK), ZL, u, c, w, e, dZ)
-    dZ[:, -1, :] += gq @ WQ[-1]
-    dZ[:, -1, -1] += e
+    gWQ[-1] = gq.T @ zq
+    glam = e @ _unlanes(dy, B) if grad_lam else dt.type(0.0)
+    if L == 1:
+        return loss, gWQ, gWK, gWV, dt.type(glam)
+    dZ[:, -1] += _lanes(gq @ WQ[-1], nb)
+    dZ[:, -1, -1] += _lanes(e, nb)
+    dW = np.empty((nb, 3, D, D), dt)
+    dlam = np.empty(nb, dt)
     for l in range(L - 2, -1, -1):  # the layer kernel adds the residual path: Z̄_l = Z̄_{l+1} + its input cotangent
-        dZ, gWQ[l], gWK[l], gWV[l], gl_ = _host_layer_backward(Zs[l], WQ[l], WK[l], WV[l], lam, dZ, residual=True)
-        glam = glam + gl_
+        bwd = _layer_kernels(D, True, blocked=True, grad_z=l > 0, grad_lam=grad_lam)[1]
+        dZin = np.empty_like(ZL) if l > 0 else dZ  # layer 0 leaves it alone
+        _run_blocks(bwd, nb, Zs[l], WQ[l], WK[l], WV[l], lam, dZ, dZin, dW, dlam)
+        gW = dW.sum(axis=0)  # blocks in order
+        gWQ[l], gWK[l], gWV[l] = gW
+        glam = glam + dlam.sum()
+        dZ = dZin
     return loss, gWQ, gWK, gWV, dt.type(glam)
 
 
-@functools.cache
-def _readout_cotangent_kernel():
-    """z̄_bt = e_b w_t ((u·z_bt) c_b + (c_b·z_bt) u) for the prompts of blocks [first, stop): the read-out's token
-    cotangents in one pass (numpy would make five passes over (B, T, D) temporaries)."""
-    import numba
-
-    @numba.njit(fastmath=_FASTMATH, nogil=True, boundscheck=False)
-    def kernel(Z, u, c, w, e, dZ, first, stop):
-        B, T, D = Z.shape
-        for b in range(first * CHUNK, min(stop * CHUNK, B)):
-            for t in range(T):
-                a = Z.dtype.type(0.0)
-                s = Z.dtype.type(0.0)
-                for f in range(D):
-                    a += u[f] * Z[b, t, f]
-                    s += c[b, f] * Z[b, t, f]
-                ew = e[b] * w[t]
-                for f in range(D):
-                    dZ[b, t, f] = ew * (a * c[b, f] + s * u[f])
-
-    return kernel
-
-
-def _multilayer_call(Z, WQ, WK, WV, lam, y):
+def _multilayer_call(Z, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     dt = Z.dtype
     L, D = WQ.shape[0], Z.shape[-1]
     shapes = (jax.ShapeDtypeStruct((), dt),) + (jax.ShapeDtypeStruct((L, D, D), dt),) * 3 + (
         jax.ShapeDtypeStruct((), dt),)
-    return host_call(_host_multilayer_mse, shapes, Z, WQ.astype(dt), WK.astype(dt), WV.astype(dt),
-                     jnp.asarray(lam, dt), y.astype(dt), vmap_method="sequential")
+    return host_call(functools.partial(_host_multilayer_mse, grad=grad, grad_lam=grad_lam), shapes, Z,
+                     WQ.astype(dt), WK.astype(dt), WV.astype(dt), jnp.asarray(lam, dt), y.astype(dt),
+                     vmap_method="expand_dims")
 
 
 @jax.custom_vjp
 def _multilayer(Z, WQ, WK, WV, lam, y):
-    return _multilayer_call(Z, WQ, WK, WV, lam, y)[0]
+    return _multilayer_call(Z, WQ, WK, WV, lam, y, grad=False, grad_lam=False)[0]  # the loss alone
 
 
 def _multilayer_fwd(Z, WQ, WK, WV, lam, y):
-    loss, gQ, gK, gV, gl = _multilayer_call(Z, WQ, WK, WV, lam, y)
+    # symbolic zeros: each primal says whether it is differentiated; λ̄ is computed only where λ is (a fixed λ is
+    # most uses: 4TD² of a layer's ≈ 30TD² backward)
+    grad_lam = bool(lam.perturbed)
+    Z, WQ, WK, WV, lam, y = (a.value for a in (Z, WQ, WK, WV, lam, y))
+    loss, gQ, gK, gV, gl = _multilayer_call(Z, WQ, WK, WV, lam, y, grad=True, grad_lam=grad_lam)
     return loss, (gQ, gK, gV, gl, Z, WQ, WK, WV, lam, y)
 
 
 def _multilayer_bwd(res, ct):
     gQ, gK, gV, gl, Z, WQ, WK, WV, lam, y = res
+    if isinstance(ct, jax.custom_derivatives.SymbolicZero):
+        ct = jnp.zeros((), gQ.dtype)
     return (jnp.zeros_like(Z), (ct * gQ).astype(WQ.dtype), (ct * gK).astype(WK.dtype), (ct * gV).astype(WV.dtype),
             jnp.asarray(ct * gl, jnp.result_type(lam)).reshape(jnp.shape(lam)), jnp.zeros_like(y))
 
 
-_multilayer.defvjp(_multilayer_fwd, _multilayer_bwd)
+_multilayer.defvjp(_multilayer_fwd, _multilayer_bwd, symbolic_zeros=True)
 
 
 def multilayer_mse(layers, Z: jax.Array, y: jax.Array, lam) -> jax.Array:
@@ -622,7 +799,11 @@ def multilayer_mse(layers, Z: jax.Array, y: jax.Array, lam) -> jax.Array:
     in one host call: the L − 1 full layers by the layer kernels, the read-out at the query by the read-out kernel,
     and the backward pass through them (``_host_multilayer_mse``), so that no layer's (B, T, D) tokens cross
     between XLA and the host. Differentiable in the weights and λ (a custom VJP whose forward computes the
-    gradient too); Z and y are data.
+    gradient too; λ̄ only where λ is differentiated, the first layer's token cotangent never); Z and y are data.
+
+    Inside, the tokens are put once in a blocked layout (blocks of 16 prompts, prompt-minor: every kernel reads
+    and writes its block in place instead of transposing it). vmapped over models, the models are one host call
+    (``expand_dims``): models that share their tokens (a row of a grid) share that layout too.
 
     Args:
         layers: one parametrisation's params with a leading layer axis L (``gla_forget.init_gla(..., layers=L)``;

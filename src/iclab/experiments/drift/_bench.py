@@ -190,23 +190,40 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
 
 def _kernel_roofline(B: int, T: int, D: int) -> dict:
     """The compiled full-layer kernels alone (``gla_forget_native``), float32, at B prompts: seconds per call and
-    GFLOP/s, with their flops counted per (prompt, token): forward 5D² multiply-adds (q, k, v; the state update;
-    o = S q), backward 16D² (pass 1: q, k, v, S, q̄, W̄_Q, z̄; pass 2: E, λ̄, S̄, k̄, v̄, W̄_K, W̄_V, z̄)."""
+    GFLOP/s, with their flops counted per (prompt, token) as the multiply-adds they execute: forward 5D² (q, k,
+    v; the state update; o = S q), backward 16D² (pass 1: q, k, v, S, q̄, W̄_Q, z̄; pass 2: E, λ̄, S̄, k̄, v̄, W̄_K,
+    W̄_V, z̄). ``layer_*``: on the tokens (B, T, D), which the kernels transpose block by block (``gla_layer``);
+    ``blocked_*``: on the blocked layout fig2's models use (``multilayer_mse``), the backward of a first layer
+    (``data``: no z̄, 11D²) and of a layer on the residual stream (``stream``: 14D²), λ fixed (no λ̄)."""
     from iclab.models import gla_forget_native as native
 
     rng = np.random.default_rng(0)
     Z, dO = (rng.standard_normal((B, T, D)).astype(np.float32) for _ in range(2))
     W = [(0.3 * rng.standard_normal((D, D))).astype(np.float32) for _ in range(3)]
+    lam = np.float32(0.9)
+    Zb, dOb = native._to_blocks(Z), native._to_blocks(dO)
+    nb = Zb.shape[0]
+    Ob, dZb, dW, dlam = np.empty_like(Zb), np.empty_like(Zb), np.empty((nb, 3, D, D), np.float32), np.empty(nb,
+                                                                                                        np.float32)
+
+    def blocked_backward(grad_z):
+        kernel = native._layer_kernels(D, True, blocked=True, grad_z=grad_z, grad_lam=False)[1]
+        return lambda: native._run_blocks(kernel, nb, Zb, *W, lam, dOb, dZb, dW, dlam)
+
+    forward = native._layer_kernels(D, True, blocked=True)[0]
     out = {}
-    for name, call, fma in (("forward", lambda: native._host_layer_forward(Z, *W, 0.9), 5),
-                            ("backward", lambda: native._host_layer_backward(Z, *W, 0.9, dO), 16)):
+    for name, call, fma in (("layer_forward", lambda: native._host_layer_forward(Z, *W, lam), 5),
+                            ("layer_backward", lambda: native._host_layer_backward(Z, *W, lam, dO), 16),
+                            ("blocked_forward", lambda: native._run_blocks(forward, nb, Zb, *W, lam, Ob), 5),
+                            ("blocked_backward_data", blocked_backward(False), 11),
+                            ("blocked_backward_stream", blocked_backward(True), 14)):
         call()
         start = time.perf_counter()
         for _ in range(3):
             call()
         seconds = (time.perf_counter() - start) / 3
-        out[f"layer_{name}_s"] = seconds
-        out[f"layer_{name}_gflops"] = 2 * fma * D * D * B * T / seconds / 1e9
+        out[f"{name}_s"] = seconds
+        out[f"{name}_gflops"] = 2 * fma * D * D * B * T / seconds / 1e9
     return out
 
 
@@ -256,8 +273,8 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
            "fig2": _setting("fig2", batch, steps, tuple(fig2_forms))}
     peak = matmul_peak_gflops()
     kernels = _kernel_roofline(out["fig2"]["batch"], out["fig2"]["T"], out["fig2"]["D"])
-    for name in ("forward", "backward"):
-        kernels[f"layer_{name}_fraction_of_matmul_peak"] = kernels[f"layer_{name}_gflops"] / peak
+    for name in [k.removesuffix("_gflops") for k in kernels if k.endswith("_gflops")]:
+        kernels[f"{name}_fraction_of_matmul_peak"] = kernels[f"{name}_gflops"] / peak
     out["native_layer_kernels"] = kernels
     f1 = out["fig1"]
     out["readout_callback"] = _callback_roofline(f1["G"], f1["models"] // f1["G"], f1["batch"], f1["T"], f1["D"])
