@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import timeit
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +195,8 @@ def _kernel_roofline(B: int, T: int, D: int) -> dict:
     v; the state update; o = S q), backward 16D² (pass 1: q, k, v, S, q̄, W̄_Q, z̄; pass 2: E, λ̄, S̄, k̄, v̄, W̄_K,
     W̄_V, z̄). ``layer_*``: on the tokens (B, T, D), which the kernels transpose block by block (``gla_layer``);
     ``blocked_*``: on the blocked layout fig2's models use (``multilayer_mse``), the backward of a first layer
-    (``data``: no z̄, 11D²) and of a layer on the residual stream (``stream``: 14D²), λ fixed (no λ̄)."""
+    (``data``: no z̄, 11D²) and of a layer on the residual stream (``stream``: 14D²), λ fixed (no λ̄). Each the best
+    of 5 calls."""
     from iclab.models import gla_forget_native as native
 
     rng = np.random.default_rng(0)
@@ -218,10 +220,7 @@ def _kernel_roofline(B: int, T: int, D: int) -> dict:
                             ("blocked_backward_data", blocked_backward(False), 11),
                             ("blocked_backward_stream", blocked_backward(True), 14)):
         call()
-        start = time.perf_counter()
-        for _ in range(3):
-            call()
-        seconds = (time.perf_counter() - start) / 3
+        seconds = min(timeit.repeat(call, number=1, repeat=5))  # best of 5: this VM's speed drifts between calls
         out[f"{name}_s"] = seconds
         out[f"{name}_gflops"] = 2 * fma * D * D * B * T / seconds / 1e9
     return out
