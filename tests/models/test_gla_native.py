@@ -14,6 +14,7 @@ import pytest
 
 import iclab  # noqa: F401  (float64)
 from iclab.models import gla
+from iclab.models import _blocked
 from iclab.models import gla_native as native
 
 #: One token width for every test: the kernel compiles once per (gating, width, dtype), a few seconds each.
@@ -288,3 +289,35 @@ def test_multilayer_mse_grid_under_vmap_and_in_float32():
     got = jax.grad(_weighted(_native_multilayer))(f32(L64[0]), f32(Z), f32(y))
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
         assert a.dtype == jnp.float32 and _rel(a, b) < 1e-4
+
+
+def test_blocked_gated_layer_kernels_equal_the_token_layout_kernels(monkeypatch):
+    """The residual layer's kernels on the blocked layout (multilayer_mse_grid's) against those on the tokens
+    (tested against the naive forms above): outputs, every gradient, the input cotangent (or none on a first
+    layer); the same bits for 1, 2 and 3 threads."""
+    rng = np.random.default_rng(7)
+    B, T = 2 * _blocked.LANES + 3, 9
+    Z, dO = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
+    Wq, Wk, Wv = (0.3 * rng.standard_normal((D, D)) for _ in range(3))
+    wg = 0.5 * rng.standard_normal(D)
+    O = native._host_layer_forward(Z, Wq, Wk, Wv, wg, residual=True)
+    ref = native._host_layer_backward(Z, Wq, Wk, Wv, wg, O, dO, residual=True)
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(dO)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        Ob = native._blocked_layer_forward(Zb, Wq, Wk, Wv, wg)
+        outs.append([Ob, *native._blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb)])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+    Ob, dZb, *grads = outs[0]
+    np.testing.assert_allclose(_blocked.from_blocks(Ob, B), O, rtol=1e-13, atol=1e-13)
+    assert not np.moveaxis(Ob, 3, 1).reshape(-1, T, D)[B:].any()
+    np.testing.assert_allclose(_blocked.from_blocks(dZb, B), ref[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, ref[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    first = native._blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z=False)
+    assert first[0] is None
+    for a, b in zip(first[1:], ref[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -35,14 +35,15 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
+from iclab.models import _blocked
 from iclab.threads import run_split, thread_count
 
 __all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
 
 #: Prompts per block: the block's tokens (T·D·CH floats) stay in the L2 cache while the K models of its row pass.
 CHUNK = 64
-#: Lanes of a block in the layer kernels' blocked layout (``_layer_source``): one 512-bit vector of float32.
-LANES = 16
+#: Lanes of a block in the layer kernels' blocked layout (``_layer_source``, ``iclab.models._blocked``).
+LANES = _blocked.LANES
 
 # Reassociation and FMA contraction let LLVM vectorise over the prompts of a block (no 'nnan'/'ninf': a
 # diverging run gives NaN and inf as the XLA form does).
@@ -476,9 +477,8 @@ def _layer_kernels(D: int, residual: bool = False, *, blocked: bool = False, gra
 
 
 def _blocked_source(D: int) -> str:
-    """Kernels on the blocked layout Zb (⌈B/CH⌉, T, D, CH) of ``_layer_source``: ``to_blocks`` (tokens (B, T, D) into
-    it, the last block's spare lanes zero), and ``readout``: one model's read-out at the query, its error and (with
-    ``cot``) its token cotangents (``_host_multilayer_mse``). Per prompt, with a_t = u·z_t, s_t = c·z_t,
+    """The read-out kernel on the blocked layout Zb (⌈B/CH⌉, T, D, CH) of ``_layer_source`` (``iclab.models._blocked``):
+    one model's read-out at the query, its error and (with ``cot``) its token cotangents (``_host_multilayer_mse``). Per prompt, with a_t = u·z_t, s_t = c·z_t,
     w_t = λ^{T−1−t}, w'_t = (T−1−t)λ^{T−2−t}:
 
         ŷ = z_q[label] + c·H,  H = Σ_t w_t a_t z_t,  J = Σ_t w_t s_t z_t,  ŷ' = Σ_t w'_t a_t s_t,  err = ŷ − y,
@@ -490,22 +490,6 @@ def _blocked_source(D: int) -> str:
     dot = lambda w: " + ".join(f"{w.format(f=f)} * z{f}" for f in F)  # noqa: E731
     loadz = [f"                z{f} = zt[{f}, b]" for f in F]
     return "\n".join([
-        "def to_blocks(Z, Zb, first, stop):",
-        "    B, T, _ = Z.shape",
-        "    for blk in range(first, stop):",
-        "        b0 = blk * CH",
-        "        n = min(CH, B - b0)",
-        "        zb = Zb[blk]",
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for f in range({D}):",
-        "                    zb[t, f, b] = Z[b0 + b, t, f]",
-        "        for t in range(T):",
-        f"            for f in range({D}):",
-        "                for b in range(n, CH):",
-        "                    zb[t, f, b] = 0.0",
-        "",
-        "",
         "def readout(Z, u, c, w, wp, y, scale, err, H, J, dy, dZ, cot, first, stop):",
         "    T = Z.shape[1]",
         # accumulators and the block's c in buffers of the kernel's own: with the outputs written in the hot loop,
@@ -565,30 +549,15 @@ def _blocked_source(D: int) -> str:
 
 @functools.cache
 def _blocked_kernels(D: int):
-    """(to_blocks, readout) of ``_blocked_source``, compiled for width D."""
-    return compile_kernels(_blocked_source(D), ["to_blocks", "readout"],
+    """The read-out kernel of ``_blocked_source``, compiled for width D."""
+    return compile_kernels(_blocked_source(D), ["readout"],
                            label=f"iclab GLA blocked read-out kernels, D={D}", constants={"CH": LANES},
                            fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
 def _to_blocks(Z: np.ndarray) -> np.ndarray:
-    """Tokens (B, T, D) in the blocked layout (⌈B/LANES⌉, T, D, LANES), the spare lanes zero."""
-    B, T, D = Z.shape
-    Zb = np.empty((-(-B // LANES), T, D, LANES), Z.dtype)
-    _run_blocks(_blocked_kernels(D)[0], Zb.shape[0], Z, Zb)
-    return Zb
-
-
-def _lanes(a: np.ndarray, nb: int) -> np.ndarray:
-    """(B, ...) per-prompt values as (nb, ..., LANES), the spare lanes zero."""
-    out = np.zeros((nb * LANES,) + a.shape[1:], a.dtype)
-    out[:a.shape[0]] = a
-    return np.ascontiguousarray(np.moveaxis(out.reshape((nb, LANES) + a.shape[1:]), 1, -1))
-
-
-def _unlanes(a: np.ndarray, B: int) -> np.ndarray:
-    """Inverse of ``_lanes``: (nb, ..., LANES) -> (B, ...)."""
-    return np.moveaxis(a, -1, 1).reshape((-1,) + a.shape[1:-1])[:B]
+    """Tokens (B, T, D) in the blocked layout (``_blocked.to_blocks``), the blocks split over the threads."""
+    return _blocked.to_blocks(Z, threads=thread_count())
 
 
 def _run_blocks(kernel, blocks: int, *args) -> None:
@@ -721,43 +690,43 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     L = WQ.shape[0]
     _, T, D, _ = Zb.shape
     fwd, _ = _layer_kernels(D, True, blocked=True)
-    readout = _blocked_kernels(D)[1]
+    readout = _blocked_kernels(D)[0]
     Zs = [Zb]
     nb = Zb.shape[0]
     for l in range(L - 1):
         Zs.append(np.empty_like(Zs[0]))
         _run_blocks(fwd, nb, Zs[-2], WQ[l], WK[l], WV[l], lam, Zs[-1])
     ZL = Zs[-1]
-    zq = _unlanes(ZL[:, -1], B)  # (B, D) query tokens
+    zq = _blocked.unlanes(ZL[:, -1], B)  # (B, D) query tokens
     q = zq @ WQ[-1].T  # q = W_Q z_q
     c = q @ WK[-1]  # c = W_Kᵀ q
     u = np.ascontiguousarray(WV[-1][-1])
     w = (lam ** np.arange(T - 1, -1, -1, dtype=np.float64)).astype(dt)
     wp = (np.arange(T - 1, -1, -1) * lam ** np.arange(T - 2, -2, -1, dtype=np.float64)).astype(dt)
     wp[-1] = 0.0
-    cb = _lanes(c, nb)
+    cb = _blocked.lanes(c, nb)
     err, H, J, dy = (np.empty((nb, LANES), dt), np.empty((nb, D, LANES), dt), np.empty((nb, D, LANES), dt),
                      np.empty((nb, LANES), dt))
     cot = grad and L > 1
     dZ = np.empty_like(ZL) if cot else ZL[:0]
-    _run_blocks(readout, nb, ZL, u, cb, w, wp, _lanes(y, nb), dt.type(2.0 / B), err, H, J, dy, dZ, cot)
-    err = _unlanes(err, B)
+    _run_blocks(readout, nb, ZL, u, cb, w, wp, _blocked.lanes(y, nb), dt.type(2.0 / B), err, H, J, dy, dZ, cot)
+    err = _blocked.unlanes(err, B)
     loss = np.mean(err * err, dtype=dt)
     gWQ, gWK, gWV = np.zeros((L, D, D), dt), np.zeros((L, D, D), dt), np.zeros((L, D, D), dt)
     if not grad:
         return loss, gWQ, gWK, gWV, dt.type(0.0)
     e = (2.0 / B) * err
-    H, J = _unlanes(H, B), _unlanes(J, B)
+    H, J = _blocked.unlanes(H, B), _blocked.unlanes(J, B)
     gWV[-1, -1] = e @ J
     gc = e[:, None] * H
     gWK[-1] = q.T @ gc
     gq = gc @ WK[-1].T  # q̄ = W_K c̄
     gWQ[-1] = gq.T @ zq
-    glam = e @ _unlanes(dy, B) if grad_lam else dt.type(0.0)
+    glam = e @ _blocked.unlanes(dy, B) if grad_lam else dt.type(0.0)
     if L == 1:
         return loss, gWQ, gWK, gWV, dt.type(glam)
-    dZ[:, -1] += _lanes(gq @ WQ[-1], nb)
-    dZ[:, -1, -1] += _lanes(e, nb)
+    dZ[:, -1] += _blocked.lanes(gq @ WQ[-1], nb)
+    dZ[:, -1, -1] += _blocked.lanes(e, nb)
     dW = np.empty((nb, 3, D, D), dt)
     dlam = np.empty(nb, dt)
     for l in range(L - 2, -1, -1):  # the layer kernel adds the residual path: Z̄_l = Z̄_{l+1} + its input cotangent

@@ -48,6 +48,7 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
+from iclab.models import _blocked
 from iclab.models import gla
 from iclab.threads import thread_count
 
@@ -576,7 +577,7 @@ def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.nd
 # A full scalar-gated layer (every position): forward and backward kernels
 
 
-def _gated_layer_source(D: int, residual: bool = False) -> str:
+def _gated_layer_source(D: int, residual: bool = False, *, blocked: bool = False, grad_z: bool = True) -> str:
     """Forward and backward kernels of one scalar-gated GLA layer at every position, tokens of width D (inner
     loops over D unrolled into scalars; the loops over prompts vectorise). Weights come transposed (W = W_•ᵀ,
     so q = W_Q z in the loops), as in ``gla_forget_native``.
@@ -591,14 +592,17 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         w̄_g += (∂L/∂a_t) z_t, z̄_t += (∂L/∂a_t) w_g.
     Each block of CH prompts writes its own partial sums of W̄ and w̄_g (summed over blocks in order by the caller).
     ``residual``: a layer of the residual stream (eq 25), Z ↦ Z + O: forward writes z_t + o_t, backward z̄_t + ō_t.
+    ``blocked``: Z, O, Ō and Z̄ in the blocked layout (⌈B/CH⌉, T, D, CH) of ``iclab.models._blocked``, read and
+    written in place (the token layout's kernels transpose each block in and out). Without ``grad_z`` (blocked
+    only: a first layer, on data) the backward leaves Z̄ alone.
     """
     F = range(D)
     zsum = lambda w: " + ".join(f"{w}{f} * z{f}" for f in F)  # noqa: E731
     head = [
-        "    B, T, _ = Z.shape",
+        "    T = Z.shape[1]",
         "    dt = Z.dtype",
         "    one = F(1.0)",
-        f"    zb = np.empty((T, {D}, CH), dt)",
+        *([] if blocked else [f"    zb = np.empty((T, {D}, CH), dt)"]),
         f"    q = np.empty(({D}, CH), dt)",
         f"    k = np.empty(({D}, CH), dt)",
         f"    v = np.empty(({D}, CH), dt)",
@@ -607,8 +611,11 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "    smb = np.empty((T, CH), dt)",
         *[f"    wg{f} = wg[{f}]" for f in F],
     ]
-    load_block = ["        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
-                  "                    zb[t, f, b] = Z[b0 + b, t, f]"]
+    if blocked:
+        load_block = ["        zb = Z[blk]"]
+    else:
+        load_block = ["        for b in range(n):", "            for t in range(T):", f"                for f in range({D}):",
+                      "                    zb[t, f, b] = Z[b0 + b, t, f]"]
     gates = [  # g_t and 1 − g_t = φ(−a_t) of every prompt of the block
         "        for t in range(T):",
         "            zt = zb[t]",
@@ -633,12 +640,11 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
     forward = [
         "def forward(Z, WQ, WK, WV, wg, O, first, stop):",
         *head,
-        f"    ob = np.empty((T, {D}, CH), dt)",
+        *([] if blocked else [f"    ob = np.empty((T, {D}, CH), dt)"]),
         "    for blk in range(first, stop):",
-        "        b0 = blk * CH",
-        "        n = min(CH, Z.shape[0] - b0)",
+        *([] if blocked else ["        b0 = blk * CH", "        n = min(CH, Z.shape[0] - b0)"]),
         "        S[:] = 0.0",
-        *load_block, *gates,
+        *load_block, *(["        ob = O[blk]"] if blocked else []), *gates,
         "        for t in range(T):",
         *load_z, *qkv,
         "            gt = gb[t]",
@@ -648,22 +654,26 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "                    ve = v[e, b]",
         "                    g = gt[b]",
         *[f"                    s{f} = g * Se[{f}, b] + ve * k[{f}, b]; Se[{f}, b] = s{f}" for f in F],
-        "                    ob[t, e, b] = " + " + ".join(f"s{f} * q[{f}, b]" for f in F),
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for e in range({D}):",
-        "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
+        "                    ob[t, e, b] = " + ("zt[e, b] + " if blocked and residual else "")
+        + " + ".join(f"s{f} * q[{f}, b]" for f in F),
     ]
+    if not blocked:
+        forward += [
+            "        for b in range(n):",
+            "            for t in range(T):",
+            f"                for e in range({D}):",
+            "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
+        ]
     backward = [
         "def backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):",
         *head,
-        f"    dzb = np.empty((T, {D}, CH), dt)",
+        *([] if blocked else [f"    dzb = np.empty((T, {D}, CH), dt)"]),
         f"    Qb = np.empty((T, {D}, CH), dt)",
         f"    Kb = np.empty((T, {D}, CH), dt)",
         f"    Vb = np.empty((T, {D}, CH), dt)",
         f"    gW = np.empty((3, {D}, {D}, CH), dt)",
         f"    gw = np.empty(({D}, CH), dt)",
-        f"    dob = np.empty((T, {D}, CH), dt)",
+        *([] if blocked else [f"    dob = np.empty((T, {D}, CH), dt)"]),
         "    oo = np.empty((T, CH), dt)",
         f"    dq = np.empty(({D}, CH), dt)",
         f"    dk = np.empty(({D}, CH), dt)",
@@ -671,20 +681,27 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "    R = np.empty(CH, dt)",
         "    gnext = np.empty(CH, dt)",
         "    for blk in range(first, stop):",
-        "        b0 = blk * CH",
-        "        n = min(CH, Z.shape[0] - b0)",
+        *([] if blocked else ["        b0 = blk * CH", "        n = min(CH, Z.shape[0] - b0)"]),
         "        S[:] = 0.0",
         "        gW[:] = 0.0",
         "        gw[:] = 0.0",
         *load_block,
-        "        for b in range(n):",
-        "            for t in range(T):",
-        "                acc = F(0.0)",
-        f"                for f in range({D}):",
-        "                    x = dO[b0 + b, t, f]",
-        "                    dob[t, f, b] = x",
-        "                    acc += x * " + ("(O[b0 + b, t, f] - Z[b0 + b, t, f])" if residual else "O[b0 + b, t, f]"),
-        "                oo[t, b] = acc",  # ō_t·o_t
+        *(["        dob = dO[blk]", "        Ob = O[blk]", *(["        dzb = dZ[blk]"] if grad_z else []),
+           "        for t in range(T):",
+           "            for b in range(CH):",
+           "                oo[t, b] = 0.0",
+           f"            for f in range({D}):",
+           "                for b in range(CH):",  # ō_t·o_t
+           "                    oo[t, b] += dob[t, f, b] * " + ("(Ob[t, f, b] - zb[t, f, b])" if residual else "Ob[t, f, b]")]
+          if blocked else [
+           "        for b in range(n):",
+           "            for t in range(T):",
+           "                acc = F(0.0)",
+           f"                for f in range({D}):",
+           "                    x = dO[b0 + b, t, f]",
+           "                    dob[t, f, b] = x",
+           "                    acc += x * " + ("(O[b0 + b, t, f] - Z[b0 + b, t, f])" if residual else "O[b0 + b, t, f]"),
+           "                oo[t, b] = acc"]),  # ō_t·o_t
         *gates,
         # pass 1: S_t forward, q̄_t = S_tᵀ ō_t; q, k, v kept for pass 2
         "        for t in range(T):",
@@ -708,10 +725,11 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "                for b in range(n):",
         "                    x = dq[e, b]",
         *[f"                    gq[{f}, b] += x * zt[{f}, b]" for f in F],
-        f"            for f in range({D}):",
-        *[f"                w{e} = WQ[{e}, f]" for e in F],
-        "                for b in range(n):",
-        "                    dzb[t, f, b] = " + " + ".join(f"w{e} * dq[{e}, b]" for e in F),
+        *([f"            for f in range({D}):",
+           *[f"                w{e} = WQ[{e}, f]" for e in F],
+           "                for b in range(n):",
+           "                    dzb[t, f, b] = " + ("dob[t, f, b] + " if blocked and residual else "")
+           + " + ".join(f"w{e} * dq[{e}, b]" for e in F)] if grad_z else []),
         # pass 2: S̄_t backward (S now holds S̄), the running sum R of ∂L/∂c for the gates
         "        S[:] = 0.0",
         "        R[:] = 0.0",
@@ -749,11 +767,13 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "                for b in range(n):",
         "                    da = smb[t, b] * R[b]",
         "                    gwf[b] += da * zt[f, b]",
-        "                    dzb[t, f, b] += da * wf + " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
-        "        for b in range(n):",
-        "            for t in range(T):",
-        f"                for e in range({D}):",
-        "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
+        *(["                    dzb[t, f, b] += da * wf + " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]"
+                                                                      for e in F)] if grad_z else []),
+        *([] if blocked else [
+            "        for b in range(n):",
+            "            for t in range(T):",
+            f"                for e in range({D}):",
+            "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]")]),
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
@@ -767,7 +787,9 @@ def _gated_layer_source(D: int, residual: bool = False) -> str:
         "                acc += gw[f, b]",
         "            dwg[blk, f] = acc",
     ]
-    return "\n".join(forward) + "\n\n\n" + "\n".join(backward)
+    text = "\n".join(forward) + "\n\n\n" + "\n".join(backward)
+    # blocked: every block is CH lanes (the spare ones zero prompts)
+    return text.replace("range(n)", "range(CH)").replace(":n] = ", "] = ") if blocked else text
 
 
 #: Prompts per block of the layer kernels (their per-block state S is D²·CH floats).
@@ -775,12 +797,40 @@ LAYER_CHUNK = 64
 
 
 @functools.cache
-def _gated_layer_kernels(D: int, dtype: str, residual: bool = False):
-    """(forward, backward) compiled for width D and a float dtype (on first use, a few seconds each)."""
-    return compile_kernels(_gated_layer_source(D, residual), ["forward", "backward"],
-                           label=f"iclab gated GLA layer kernels, D={D}", constants={"CH": LAYER_CHUNK,
-                                                                                     "F": getattr(np, dtype)},
+def _gated_layer_kernels(D: int, dtype: str, residual: bool = False, *, blocked: bool = False,
+                         grad_z: bool = True):
+    """(forward, backward) compiled for width D and a float dtype (on first use, a few seconds each);
+    ``_gated_layer_source``'s options (the forward depends on ``residual`` and ``blocked`` alone)."""
+    return compile_kernels(_gated_layer_source(D, residual, blocked=blocked, grad_z=grad_z), ["forward", "backward"],
+                           label=f"iclab gated GLA layer kernels, D={D}{', blocked' if blocked else ''}",
+                           constants={"CH": _blocked.LANES if blocked else LAYER_CHUNK, "F": getattr(np, dtype)},
                            fastmath=_FASTMATH, nogil=True, boundscheck=False)
+
+
+def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg):
+    """Z + GLA(Z) of one residual layer on blocked tokens (``iclab.models._blocked``); weights as
+    :func:`_host_layer_forward`'s."""
+    dt = Zb.dtype
+    WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
+    O = np.empty_like(Zb)
+    _run_jobs(_gated_layer_kernels(Zb.shape[2], dt.name, True, blocked=True)[0], Zb.shape[0], Zb, WQ, WK, WV,
+              _readonly(wg, dt), O)
+    return O
+
+
+def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True):
+    """(Z̄ (None without ``grad_z``), W̄_q, W̄_k, W̄_v, w̄_g) of one residual layer on blocked tokens, given its output
+    Ob and Ōb (blocked)."""
+    dt = Zb.dtype
+    nb, _, D, _ = Zb.shape
+    WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
+    dZ = np.empty_like(Zb) if grad_z else Zb[:0]
+    dW = np.empty((nb, 3, D, D), dt)
+    dwg = np.empty((nb, D), dt)
+    _run_jobs(_gated_layer_kernels(D, dt.name, True, blocked=True, grad_z=grad_z)[1], nb, Zb, WQ, WK, WV,
+              _readonly(wg, dt), Ob, dOb, dZ, dW, dwg)
+    gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
+    return (dZ if grad_z else None), gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
 
 
 def _host_layer_forward(Z, Wq, Wk, Wv, wg, residual: bool = False):
@@ -878,27 +928,30 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
             for m in range(M):
                 for g in range(G):
                     T = int(lengths[g])
-                    Zs = [np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])]  # (B, T, D): this n̄'s prompts
+                    Z0 = np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])  # (B, T, D): this n̄'s prompts
                     W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
+                    # the full layers on the blocked layout (each block read and written in place)
+                    Zs = [_blocked.to_blocks(Z0)] if L > 1 else [Z0]
                     for l in range(L - 1):
-                        Zs.append(_host_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], residual=True))
+                        Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l]))
+                    ZL = _blocked.from_blocks(Zs[-1], B) if L > 1 else Z0
                     # the last layer read at the query (residual read-out), its weight gradients and token cotangents
                     lo = np.empty((1, 1, 1, NB), dt)
                     gl = [np.empty((1, 1, 1, NB, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, NB, D, 1), dt),
                                                                                    np.empty((1, 1, 1, NB, D), dt)]
                     dZ = np.zeros((1, 1, 1, B, T, D), dt)
                     args = [a[None, None, None] for a in (W[0][-1], W[1][-1], W[2][-1], W[3][-1])]
-                    _run_jobs(last, NB, Zs[-1][None, None], y[s, rows[m]][None, None], np.arange(T)[None],
+                    _run_jobs(last, NB, ZL[None, None], y[s, rows[m]][None, None], np.arange(T)[None],
                               np.asarray([T]), one, *args, np.zeros((1, 1, 1, D), dt), label, lo, gl[0], gl[1],
                               gl[2], gl[3], np.zeros((1,) * 5, dt), dZ)
                     loss[s, m, g] = lo.sum()
                     grads[0][s, m, g, -1], grads[1][s, m, g, -1] = gl[0].sum(axis=3)[0, 0, 0], gl[1].sum(axis=3)[0, 0, 0]
                     grads[2][s, m, g, -1, :, label] = gl[2].sum(axis=3)[0, 0, 0, :, 0]
                     grads[3][s, m, g, -1] = gl[3].sum(axis=3)[0, 0, 0]
-                    dZ = dZ[0, 0, 0]
+                    dZ = _blocked.to_blocks(dZ[0, 0, 0]) if L > 1 else None
                     for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
-                        dZ, *gw = _host_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
-                                                       residual=True)
+                        dZ, *gw = _blocked_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
+                                                          grad_z=l > 0)  # the first layer reads data
                         for i in range(4):
                             grads[i][s, m, g, l] = gw[i]
         out = (loss, *grads)

@@ -1,0 +1,83 @@
+"""The blocked token layout of the compiled layer kernels: tokens (B, T, D) as (⌈B/LANES⌉, T, D, LANES).
+
+Prompt b of block i sits in lane b of block i, the last block's spare lanes zero. A kernel that vectorises over
+the prompts of a block reads and writes its block in place instead of transposing it in and out (for drift's
+layers that transposition was a third of the forward pass). Zero prompts give zero outputs and cotangents in the
+layer kernels, so the spare lanes need no masks.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from iclab.threads import run_split
+
+__all__ = ["LANES", "from_blocks", "lanes", "to_blocks", "unlanes"]
+
+#: Prompts per block: one 512-bit vector of float32.
+LANES = 16
+
+
+@functools.cache
+def _kernels():
+    import numba
+
+    @numba.njit(nogil=True, boundscheck=False, cache=True)
+    def to(Z, Zb, first, stop):
+        B, T, D = Z.shape
+        CH = Zb.shape[3]
+        for blk in range(first, stop):
+            b0 = blk * CH
+            n = min(CH, B - b0)
+            zb = Zb[blk]
+            for b in range(n):
+                for t in range(T):
+                    for f in range(D):
+                        zb[t, f, b] = Z[b0 + b, t, f]
+            for t in range(T):
+                for f in range(D):
+                    for b in range(n, CH):
+                        zb[t, f, b] = 0.0
+
+    @numba.njit(nogil=True, boundscheck=False, cache=True)
+    def back(Zb, Z, first, stop):
+        B, T, D = Z.shape
+        CH = Zb.shape[3]
+        for blk in range(first, stop):
+            b0 = blk * CH
+            zb = Zb[blk]
+            for b in range(min(CH, B - b0)):
+                for t in range(T):
+                    for f in range(D):
+                        Z[b0 + b, t, f] = zb[t, f, b]
+
+    return to, back
+
+
+def to_blocks(Z: np.ndarray, *, threads: int = 1) -> np.ndarray:
+    """Tokens (B, T, D) in the blocked layout (⌈B/LANES⌉, T, D, LANES), the spare lanes zero (a copy)."""
+    B, T, D = Z.shape
+    Zb = np.empty((-(-B // LANES), T, D, LANES), Z.dtype)
+    run_split(_kernels()[0], Zb.shape[0], Z, Zb, threads=threads)
+    return Zb
+
+
+def from_blocks(Zb: np.ndarray, B: int, *, threads: int = 1) -> np.ndarray:
+    """The B prompts of a blocked array as tokens (B, T, D) (a copy; inverse of :func:`to_blocks`)."""
+    Z = np.empty((B,) + Zb.shape[1:3], Zb.dtype)
+    run_split(_kernels()[1], Zb.shape[0], Zb, Z, threads=threads)
+    return Z
+
+
+def lanes(a: np.ndarray, nb: int) -> np.ndarray:
+    """(B, ...) per-prompt values as (nb, ..., LANES), the spare lanes zero."""
+    out = np.zeros((nb * LANES,) + a.shape[1:], a.dtype)
+    out[:a.shape[0]] = a
+    return np.ascontiguousarray(np.moveaxis(out.reshape((nb, LANES) + a.shape[1:]), 1, -1))
+
+
+def unlanes(a: np.ndarray, B: int) -> np.ndarray:
+    """Inverse of :func:`lanes`: (nb, ..., LANES) -> (B, ...)."""
+    return np.moveaxis(a, -1, 1).reshape((-1,) + a.shape[1:-1])[:B]

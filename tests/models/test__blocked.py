@@ -1,0 +1,26 @@
+"""The blocked token layout of the layer kernels (iclab.models._blocked): round trips, spare lanes zero."""
+
+import numpy as np
+import pytest
+
+from iclab.models import _blocked
+
+
+@pytest.mark.parametrize("B", [1, _blocked.LANES, 2 * _blocked.LANES + 5])
+def test_blocks_round_trip_with_zero_spare_lanes(B):
+    rng = np.random.default_rng(B)
+    Z = rng.standard_normal((B, 7, 3)).astype(np.float32)
+    Zb = _blocked.to_blocks(Z, threads=2)
+    nb = -(-B // _blocked.LANES)
+    assert Zb.shape == (nb, 7, 3, _blocked.LANES)
+    # prompt b of block i in lane b
+    np.testing.assert_array_equal(Zb[B // _blocked.LANES - (B % _blocked.LANES == 0), :, :, (B - 1) % _blocked.LANES],
+                                  Z[B - 1])
+    flat = np.moveaxis(Zb, 3, 1).reshape(nb * _blocked.LANES, 7, 3)
+    np.testing.assert_array_equal(flat[:B], Z)
+    assert not flat[B:].any()
+    np.testing.assert_array_equal(_blocked.from_blocks(Zb, B, threads=3), Z)
+    v = rng.standard_normal((B, 4))
+    lv = _blocked.lanes(v, nb)
+    assert lv.shape == (nb, 4, _blocked.LANES) and not np.moveaxis(lv, 2, 1).reshape(-1, 4)[B:].any()
+    np.testing.assert_array_equal(_blocked.unlanes(lv, B), v)
