@@ -14,7 +14,7 @@ import numpy as np
 
 from iclab.threads import run_split
 
-__all__ = ["LANES", "from_blocks", "lanes", "to_blocks", "unlanes"]
+__all__ = ["LANES", "from_blocks", "lanes", "store_lines", "to_blocks", "unlanes"]
 
 #: Prompts per block: one 512-bit vector of float32.
 LANES = 16
@@ -81,3 +81,11 @@ def lanes(a: np.ndarray, nb: int) -> np.ndarray:
 def unlanes(a: np.ndarray, B: int) -> np.ndarray:
     """Inverse of :func:`lanes`: (nb, ..., LANES) -> (B, ...)."""
     return np.moveaxis(a, -1, 1).reshape((-1,) + a.shape[1:-1])[:B]
+
+
+def store_lines(D: int, target: str, value: str) -> list[str]:
+    """Generated kernel source (a token-layout kernel's block loop) that writes a block buffer back to tokens
+    (B, T, D) prompt by prompt, in contiguous rows: ``target[b0 + b, t, e] = value`` for the block's n prompts
+    (``value`` an expression in b, t, e)."""
+    return ["        for b in range(n):", "            for t in range(T):", f"                for e in range({D}):",
+            f"                    {target}[b0 + b, t, e] = {value}"]

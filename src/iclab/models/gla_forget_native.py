@@ -347,12 +347,7 @@ def _layer_source(D: int, residual: bool = False, *, blocked: bool = False, grad
     if not blocked:
         # written out prompt by prompt: contiguous rows of O (a store per (t, e) inside the loop above would
         # stride by T·D)
-        forward += [
-            "        for b in range(n):",
-            "            for t in range(T):",
-            f"                for e in range({D}):",
-            "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
-        ]
+        forward += _blocked.store_lines(D, "O", "zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]")
     # z̄ of a blocked layer is written in place, the residual ō added in pass 1; of a token layer kept in dzb and
     # written out (with ō) at the end
     res = "do[f, b] + " if blocked and residual else ""
@@ -442,12 +437,8 @@ def _layer_source(D: int, residual: bool = False, *, blocked: bool = False, grad
             "                    dzb[t, f, b] += " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]" for e in F),
         ]
         if not blocked:
-            backward += [
-                "        for b in range(n):",
-                "            for t in range(T):",
-                f"                for e in range({D}):",
-                "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]"),
-            ]
+            backward += _blocked.store_lines(D, "dZ", "dzb[t, e, b] + dob[t, e, b]" if residual
+                                             else "dzb[t, e, b]")
     backward += [
         "        for i in range(3):",
         f"            for e in range({D}):",

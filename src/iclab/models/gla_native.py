@@ -658,12 +658,7 @@ def _gated_layer_source(D: int, residual: bool = False, *, blocked: bool = False
         + " + ".join(f"s{f} * q[{f}, b]" for f in F),
     ]
     if not blocked:
-        forward += [
-            "        for b in range(n):",
-            "            for t in range(T):",
-            f"                for e in range({D}):",
-            "                    O[b0 + b, t, e] = " + ("zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]"),
-        ]
+        forward += _blocked.store_lines(D, "O", "zb[t, e, b] + ob[t, e, b]" if residual else "ob[t, e, b]")
     backward = [
         "def backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):",
         *head,
@@ -769,11 +764,8 @@ def _gated_layer_source(D: int, residual: bool = False, *, blocked: bool = False
         "                    gwf[b] += da * zt[f, b]",
         *(["                    dzb[t, f, b] += da * wf + " + " + ".join(f"a{e} * dk[{e}, b] + c{e} * dv[{e}, b]"
                                                                       for e in F)] if grad_z else []),
-        *([] if blocked else [
-            "        for b in range(n):",
-            "            for t in range(T):",
-            f"                for e in range({D}):",
-            "                    dZ[b0 + b, t, e] = " + ("dzb[t, e, b] + dob[t, e, b]" if residual else "dzb[t, e, b]")]),
+        *([] if blocked else _blocked.store_lines(D, "dZ", "dzb[t, e, b] + dob[t, e, b]" if residual
+                                                  else "dzb[t, e, b]")),
         "        for i in range(3):",
         f"            for e in range({D}):",
         f"                for f in range({D}):",
