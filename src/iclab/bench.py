@@ -19,7 +19,7 @@ BENCHMARKS = {
     "drift": ("iclab.experiments.drift._bench", "bench_drift",
               "drift.fig1 and drift.fig2 paper steps (d=10, n=100, batch 5000, qkv, AdamW, float32): sampling, loss and "
               "gradient, whole step against the flop floor and the measured matmul peak; XLA against the compiled "
-              "(native) sampler and kernels; the native layer kernels alone"),
+              "(native) sampler and kernels; the full-layer kernels alone (numba and LLVM IR, side by side)"),
     "sweep": ("iclab._bench_sweep", "bench_sweep",
               "sharing the CPU: a 4-point quick sweep with 1, C and 2C workers, and one run idle vs beside a "
               "CPU-bound neighbour (wall and CPU seconds)"),

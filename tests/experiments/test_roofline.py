@@ -45,7 +45,7 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
         assert entry["step_s"] > 0 and 0 < entry["fraction_of_matmul_peak_step"]
     kernels = r["native_layer_kernels"]
     for name in ("layer_forward", "layer_backward", "blocked_forward", "blocked_backward_data",
-                 "blocked_backward_stream"):
+                 "blocked_backward_stream", "ir_forward", "ir_backward_data", "ir_backward_stream"):
         assert kernels[f"{name}_s"] > 0 and kernels[f"{name}_fraction_of_matmul_peak"] > 0, name
     assert sorted(r["readout_callback"]) == ["host_call_s", "kernel_alone_s", "pure_callback_s"]
     assert min(r["readout_callback"].values()) > 0

@@ -35,7 +35,7 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
-from iclab.models import _blocked
+from iclab.models import _blocked, _layer_ir
 from iclab.threads import run_split, thread_count
 
 __all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
@@ -467,6 +467,19 @@ def _layer_kernels(D: int, residual: bool = False, *, blocked: bool = False, gra
                            constants={"CH": lanes}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
+#: Which kernels run float32 full layers on the blocked layout in ``multilayer_mse``: "llvm" (``_layer_ir``, ≈ 1.4-1.5×
+#: faster) or "numba" (``_layer_source``, their twin in the tests). float64 always runs numba's: there the IR
+#: kernels (16 doubles are two vector registers) are no faster.
+FLOAT32_LAYERS = "llvm"
+
+
+def _blocked_layer_kernels(D: int, dtype, *, grad_z: bool = True, grad_lam: bool = True):
+    """(forward, backward) of a residual full layer on the blocked layout, for ``_model_mse``."""
+    if np.dtype(dtype) == np.float32 and FLOAT32_LAYERS == "llvm":
+        return _layer_ir.layer_kernels(D, True, np.float32, grad_z=grad_z, grad_lam=grad_lam)
+    return _layer_kernels(D, True, blocked=True, grad_z=grad_z, grad_lam=grad_lam)
+
+
 def _blocked_source(D: int) -> str:
     """The read-out kernel on the blocked layout Zb (⌈B/CH⌉, T, D, CH) of ``_layer_source`` (``iclab.models._blocked``):
     one model's read-out at the query, its error and (with ``cot``) its token cotangents (``_host_multilayer_mse``). Per prompt, with a_t = u·z_t, s_t = c·z_t,
@@ -680,7 +693,7 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     lam = dt.type(lam)
     L = WQ.shape[0]
     _, T, D, _ = Zb.shape
-    fwd, _ = _layer_kernels(D, True, blocked=True)
+    fwd, _ = _blocked_layer_kernels(D, dt)
     readout = _blocked_kernels(D)[0]
     Zs = [Zb]
     nb = Zb.shape[0]
@@ -721,7 +734,7 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     dW = np.empty((nb, 3, D, D), dt)
     dlam = np.empty(nb, dt)
     for l in range(L - 2, -1, -1):  # the layer kernel adds the residual path: Z̄_l = Z̄_{l+1} + its input cotangent
-        bwd = _layer_kernels(D, True, blocked=True, grad_z=l > 0, grad_lam=grad_lam)[1]
+        bwd = _blocked_layer_kernels(D, dt, grad_z=l > 0, grad_lam=grad_lam)[1]
         dZin = np.empty_like(ZL) if l > 0 else dZ  # layer 0 leaves it alone
         _run_blocks(bwd, nb, Zs[l], WQ[l], WK[l], WV[l], lam, dZ, dZin, dW, dlam)
         gW = dW.sum(axis=0)  # blocks in order

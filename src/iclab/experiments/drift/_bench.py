@@ -194,9 +194,11 @@ def _kernel_roofline(B: int, T: int, D: int) -> dict:
     GFLOP/s, with their flops counted per (prompt, token) as the multiply-adds they execute: forward 5D² (q, k,
     v; the state update; o = S q), backward 16D² (pass 1: q, k, v, S, q̄, W̄_Q, z̄; pass 2: E, λ̄, S̄, k̄, v̄, W̄_K,
     W̄_V, z̄). ``layer_*``: on the tokens (B, T, D), which the kernels transpose block by block (``gla_layer``);
-    ``blocked_*``: on the blocked layout fig2's models use (``multilayer_mse``), the backward of a first layer
-    (``data``: no z̄, 11D²) and of a layer on the residual stream (``stream``: 14D²), λ fixed (no λ̄). Each the best
-    of 5 calls."""
+    ``blocked_*``: numba's kernels on the blocked layout, the backward of a first layer (``data``: no z̄, 11D²) and
+    of a layer on the residual stream (``stream``: 14D²), λ fixed (no λ̄); ``ir_*``: the same three as the LLVM IR
+    kernels (``models._layer_ir``) that fig2's models run in float32 (``multilayer_mse``). Each the best of 5
+    calls, the two families alternated."""
+    from iclab.models import _layer_ir
     from iclab.models import gla_forget_native as native
 
     rng = np.random.default_rng(0)
@@ -208,17 +210,23 @@ def _kernel_roofline(B: int, T: int, D: int) -> dict:
     Ob, dZb, dW, dlam = np.empty_like(Zb), np.empty_like(Zb), np.empty((nb, 3, D, D), np.float32), np.empty(nb,
                                                                                                         np.float32)
 
-    def blocked_backward(grad_z):
-        kernel = native._layer_kernels(D, True, blocked=True, grad_z=grad_z, grad_lam=False)[1]
-        return lambda: native._run_blocks(kernel, nb, Zb, *W, lam, dOb, dZb, dW, dlam)
+    def blocked(family):
+        def kernels(grad_z):
+            if family == "ir":
+                return _layer_ir.layer_kernels(D, True, np.float32, grad_z=grad_z, grad_lam=False)
+            return native._layer_kernels(D, True, blocked=True, grad_z=grad_z, grad_lam=False)
 
-    forward = native._layer_kernels(D, True, blocked=True)[0]
+        forward, data, stream = kernels(True)[0], kernels(False)[1], kernels(True)[1]
+        return ((f"{family}_forward", lambda: native._run_blocks(forward, nb, Zb, *W, lam, Ob), 5),
+                (f"{family}_backward_data", lambda: native._run_blocks(data, nb, Zb, *W, lam, dOb, dZb, dW, dlam), 11),
+                (f"{family}_backward_stream", lambda: native._run_blocks(stream, nb, Zb, *W, lam, dOb, dZb, dW, dlam),
+                 14))
+
+    timed = [("layer_forward", lambda: native._host_layer_forward(Z, *W, lam), 5),
+             ("layer_backward", lambda: native._host_layer_backward(Z, *W, lam, dO), 16)]
+    timed += [x for pair in zip(blocked("blocked"), blocked("ir")) for x in pair]  # alternated: the VM drifts
     out = {}
-    for name, call, fma in (("layer_forward", lambda: native._host_layer_forward(Z, *W, lam), 5),
-                            ("layer_backward", lambda: native._host_layer_backward(Z, *W, lam, dO), 16),
-                            ("blocked_forward", lambda: native._run_blocks(forward, nb, Zb, *W, lam, Ob), 5),
-                            ("blocked_backward_data", blocked_backward(False), 11),
-                            ("blocked_backward_stream", blocked_backward(True), 14)):
+    for name, call, fma in timed:
         call()
         seconds = min(timeit.repeat(call, number=1, repeat=5))  # best of 5: this VM's speed drifts between calls
         out[f"{name}_s"] = seconds
