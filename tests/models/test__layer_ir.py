@@ -1,7 +1,7 @@
-"""drift's full-layer kernels as LLVM IR (iclab.models._layer_ir) against their twins: the token-layout kernels
-(tested against the parallel form) and the numba kernels on the blocked layout: outputs, the backward with and
-without z̄ and λ̄, in float64 (to rounding) and float32; spare lanes; thread counts; multilayer_mse with either
-kernel family in float32."""
+"""The full-layer kernels as LLVM IR (iclab.models._layer_ir) against their twins, for drift's layer (forget factor
+λ) and gating's (scalar gates): the token-layout kernels (tested against the parallel and naive forms) and the numba
+kernels on the blocked layout: outputs, the backward with and without z̄ (and λ̄), in float64 (to rounding) and
+float32; spare lanes; thread counts; the models' losses with either kernel family in float32."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import iclab  # noqa: F401  (float64)
-from iclab.models import _layer_ir
+from iclab.models import _blocked, _layer_ir
 from iclab.models import gla_forget as gla
 from iclab.models import gla_forget_native as native
+from iclab.models import gla_native
 from iclab.tasks.drift import sample_drift_prompts, tokens
 
 #: The token width of tests/models/test_gla_forget_native.py (its numba kernels compile once per width and dtype).
@@ -135,3 +136,77 @@ def test_multilayer_mse_in_float32_is_the_same_with_either_kernel_family(monkeyp
     for x, z in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
         assert x.dtype == jnp.float32
         assert float(jnp.max(jnp.abs(x - z))) <= 1e-5 * float(jnp.max(jnp.abs(z)))
+
+
+# gating's residual scalar-gated layer (gla_native), at the width of tests/models/test_gla_native.py
+DG = 7
+
+
+def _gated_case(dtype, B=2 * native.LANES + 3, T=9, seed=7):
+    rng = np.random.default_rng(seed)
+    Z, dO = (rng.standard_normal((B, T, DG)).astype(dtype) for _ in range(2))
+    Wq, Wk, Wv = ((0.3 * rng.standard_normal((DG, DG))).astype(dtype) for _ in range(3))
+    wg = (1.5 * rng.standard_normal(DG)).astype(dtype)  # some gates near saturation
+    return Z, dO, (Wq, Wk, Wv), wg
+
+
+def _gated_ir(Zb, W, wg, dOb, grad_z):
+    """Output, z̄ (blocked; NaN where not written), W̄_q, W̄_k, W̄_v, w̄_g by the IR kernels called directly."""
+    dt = Zb.dtype
+    nb, _, _, _ = Zb.shape
+    fwd, bwd = _layer_ir.gated_layer_kernels(DG, dt, grad_z=grad_z)
+    WT = [np.ascontiguousarray(w.T) for w in W]  # the kernels take W_•ᵀ, as gla_native's
+    Ob = np.full_like(Zb, np.nan)
+    gla_native._run_jobs(fwd, nb, Zb, *WT, wg, Ob)
+    dZb, dW, dwg = np.full_like(Zb, np.nan), np.empty((nb, 3, DG, DG), dt), np.empty((nb, DG), dt)
+    gla_native._run_jobs(bwd, nb, Zb, *WT, wg, Ob, dOb, dZb, dW, dwg)
+    gW = dW.sum(0)
+    return Ob, dZb, gW[0].T, gW[1].T, gW[2].T, dwg.sum(0)
+
+
+def test_gated_ir_kernels_equal_the_token_layout_kernels_in_float64(monkeypatch):
+    """Outputs, the input cotangent (or none on a first layer), every weight's and the gate weights' gradients,
+    against gla_native's token-layout kernels (tested against the naive forms); spare lanes zero; the same bits
+    for 1, 2 and 3 threads."""
+    Z, dO, W, wg = _gated_case(np.float64)
+    B = Z.shape[0]
+    O = gla_native._host_layer_forward(Z, *W, wg, residual=True)
+    ref = gla_native._host_layer_backward(Z, *W, wg, O, dO, residual=True)
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(dO)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(gla_native, "thread_count", lambda n=threads: n)
+        outs.append(_gated_ir(Zb, W, wg, dOb, True))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+    Ob, dZb, *grads = outs[0]
+    np.testing.assert_allclose(_blocked.from_blocks(Ob, B), O, rtol=1e-13, atol=1e-13)
+    assert not _unblock(Ob)[B:].any()
+    np.testing.assert_allclose(_blocked.from_blocks(dZb, B), ref[0], rtol=1e-12, atol=1e-12)
+    assert not _unblock(dZb)[B:].any()
+    for a, b in zip(grads, ref[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    _, dZb, *grads = _gated_ir(Zb, W, wg, dOb, False)
+    assert np.isnan(dZb).all()  # not written
+    for a, b in zip(grads, ref[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeypatch):
+    """gla_native's blocked layer (multilayer_mse_grid's) in float32 with either kernel family: the same results
+    to float32 rounding, the IR kernels used unless FLOAT32_LAYERS says numba."""
+    Z, dO, W, wg = _gated_case(np.float32, T=31, seed=8)
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(dO)
+    used, kernels = [], _layer_ir.gated_layer_kernels
+    monkeypatch.setattr(_layer_ir, "gated_layer_kernels", lambda *a, **k: used.append(a) or kernels(*a, **k))
+    got = {}
+    for family in ("llvm", "numba"):
+        monkeypatch.setattr(gla_native, "FLOAT32_LAYERS", family)
+        Ob = gla_native._blocked_layer_forward(Zb, *W, wg)
+        got[family] = [Ob, *gla_native._blocked_layer_backward(Zb, *W, wg, Ob, dOb)]
+        assert bool(used) == (family == "llvm")
+        used.clear()
+    for a, b in zip(got["llvm"], got["numba"]):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=0, atol=5e-6 * float(np.abs(b).max()))

@@ -33,11 +33,9 @@ import numpy as np
 from iclab._llvm import compile_function, opaque
 from iclab.models._blocked import LANES
 
-__all__ = ["layer_kernels"]
+__all__ = ["gated_layer_kernels", "layer_kernels"]
 
 _TYPES = {np.dtype(np.float32): ("float", "f32", ctypes.c_float), np.dtype(np.float64): ("double", "f64", ctypes.c_double)}
-#: Rows of a weight gradient summed together after pass 2 (2·D accumulators in registers at D ≤ 15).
-_TILE_ROWS = 2
 
 
 class _Builder:
@@ -47,7 +45,10 @@ class _Builder:
         self.ty, suffix, _ = _TYPES[np.dtype(dtype)]
         self.V = f"<{LANES} x {self.ty}>"
         self.fma_name = f"llvm.fma.v{LANES}{suffix}"
-        self.lines = [f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})"]
+        self.lines = [f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})",
+                      f"declare {self.V} @llvm.exp.v{LANES}{suffix}({self.V})",
+                      f"declare {self.V} @llvm.fabs.v{LANES}{suffix}({self.V})"]
+        self.suffix = suffix
         self._n = itertools.count()
         self._opaque = {}
         self._block = None
@@ -148,6 +149,37 @@ class _Builder:
         return "\n".join(self.lines + ["}"])
 
 
+def _tile_rows(D: int) -> int:
+    """Rows of a weight-gradient tile: 2 while their 2D accumulators and two operands fit 32 vector registers."""
+    return 2 if 2 * D + 2 <= 32 else 1
+
+
+def _gates(ir: _Builder, z, D: int):
+    """(g, 1 − g) = (φ(a), φ(−a)) of a = w_gᵀ z, as the numba kernels compute them (from x = e^{−|a|}: no
+    overflow): g = 1/(1 + x) where a ≥ 0, else x/(1 + x)."""
+    V, sfx = ir.V, ir.suffix
+    a = ir.dot([ir.weight("%wg", D, 0, f) for f in range(D)], z)
+    r = [ir.tmp() for _ in range(8)]
+    ir.emit(f"{r[0]} = call {V} @llvm.fabs.v{LANES}{sfx}({V} {a})")
+    ir.emit(f"{r[1]} = fneg {V} {r[0]}")
+    ir.emit(f"{r[2]} = call {V} @llvm.exp.v{LANES}{sfx}({V} {r[1]})")
+    one = ir.splat("1.0")
+    ir.emit(f"{r[3]} = fadd {V} {one}, {r[2]}")
+    ir.emit(f"{r[4]} = fdiv {V} {one}, {r[3]}")
+    ir.emit(f"{r[5]} = fmul {V} {r[2]}, {r[4]}")
+    ir.emit(f"{r[6]} = fcmp oge {V} {a}, zeroinitializer")
+    ir.emit(f"{r[7]} = select <{LANES} x i1> {r[6]}, {V} {r[4]}, {V} {r[5]}")
+    sm = ir.tmp()
+    ir.emit(f"{sm} = select <{LANES} x i1> {r[6]}, {V} {r[5]}, {V} {r[4]}")
+    return r[7], sm
+
+
+def _sub(ir: _Builder, a: str, b: str) -> str:
+    r = ir.tmp()
+    ir.emit(f"{r} = fsub {ir.V} {a}, {b}")
+    return r
+
+
 def _loop_head(ir: _Builder, name: str, entry: str, latch: str, start: str, step: int, bound: str) -> str:
     """Opens the block ``name`` of a loop over %name from ``start`` by ``step`` (< bound, or ≥ 0 going down);
     returns the label of its body (the caller emits the body, then ``br label %name``)."""
@@ -161,15 +193,18 @@ def _loop_head(ir: _Builder, name: str, entry: str, latch: str, start: str, step
     return f"{name}.body"
 
 
-def forward_ir(D: int, residual: bool, dtype) -> str:
+def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
     """IR of ``forward(Z, WQ, WK, WV, lam, O, T, first, stop)``: O = the layer's outputs for blocks [first, stop)
-    of Z (blocks, T, D, LANES)."""
+    of Z (blocks, T, D, LANES); the state S is carried by the token loop's phis (spilled as LLVM sees fit: at
+    D = 16 still faster than numba's state in memory). ``gated``: ``lam`` is
+    w_g (D,), and S_t = g_t S_{t-1} + v_t k_tᵀ with g_t = φ(w_gᵀ z_t)."""
     ir = _Builder(dtype)
     V = ir.V
+    decay_arg = "ptr noalias %wg" if gated else f"{ir.ty} %lam"
     ir.lines.append(f"define void @forward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
-                    f"{ir.ty} %lam, ptr noalias %O, i64 %T, i64 %first, i64 %stop) {{")
+                    f"{decay_arg}, ptr noalias %O, i64 %T, i64 %first, i64 %stop) {{")
     ir.label("entry")
-    lam = ir.splat("%lam")
+    lam = None if gated else ir.splat("%lam")
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "t.done", "%first", 1, "%stop")
     ir.emit("%base = mul i64 %blk.i, %T")
@@ -188,12 +223,13 @@ def forward_ir(D: int, residual: bool, dtype) -> str:
     ir.emit("%toff = add i64 %boff, %off")
     zp, op = ir.gep("%Z", "%toff"), ir.gep("%O", "%toff")
     z = [ir.load(zp, f) for f in range(D)]
+    decay = _gates(ir, z, D)[0] if gated else lam
     q, k, v = ir.projections(z, D)
     new = [[None] * D for _ in range(D)]
     for e in range(D):
         acc = z[e] if residual else None
         for j in range(D):
-            new[e][j] = ir.fma(v[e], k[j], ir.mul(lam, S[e][j]))
+            new[e][j] = ir.fma(v[e], k[j], ir.mul(decay, S[e][j]))
             acc = ir.mul(new[e][j], q[j]) if acc is None else ir.fma(new[e][j], q[j], acc)
         ir.store(acc, op, e)
     ir.emit("br label %t")
@@ -206,23 +242,38 @@ def forward_ir(D: int, residual: bool, dtype) -> str:
     return ir.text()
 
 
-def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> str:
+def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gated: bool = False) -> str:
     """IR of ``backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, QKV, G, ACC, T, first, stop)`` for blocks
     [first, stop): dZ (blocks, T, D, LANES) the input cotangent (if ``grad_z``; [dO +] W_Qᵀq̄ + W_Kᵀk̄ + W_Vᵀv̄),
     dW[blk] (3, D, D) the block's W̄_Q, W̄_K, W̄_V, dlam[blk] its λ̄ (0 unless ``grad_lam``). Scratch of one
-    thread: QKV and G (T, 3, D, LANES) (q, k, v and q̄, k̄, v̄ per token), ACC (2, D, D, LANES) (S or E, and X)."""
+    thread: QKV and G (T, 3, D, LANES) (q, k, v and q̄, k̄, v̄ per token), ACC (2, D, D, LANES) (S or E, and X).
+
+    ``gated`` (residual only; ``gla_native``'s scalar-gated layer, g_t = φ(a_t), a_t = w_gᵀ z_t): ``backward(Z, WQ,
+    WK, WV, wg, O, dO, dZ, dW, dwg, QKV, G, DA, ACC, T, first, stop)`` with O the forward's outputs, DA (T, LANES)
+    scratch; E_t = g_{t+1} E_{t+1} +
+    ō_t q_tᵀ, and the gates through the cumulative log gates (``gla_native._gated_layer_source``):
+    R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u), ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk]
+    (D) the block's w̄_g."""
+    if gated and (grad_lam or not residual):
+        raise ValueError("the gated layer kernels are residual and have no λ")
     ir = _Builder(dtype)
     V, zero = ir.V, "zeroinitializer"
-    ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
-                    f"{ir.ty} %lam, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, ptr noalias %dlam, "
-                    f"ptr noalias %QKV, ptr noalias %G, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop) {{")
+    if gated:
+        ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
+                        f"ptr noalias %wg, ptr noalias %O, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, "
+                        f"ptr noalias %dlam, ptr noalias %QKV, ptr noalias %G, "
+                        f"ptr noalias %DA, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop) {{")
+    else:
+        ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
+                        f"{ir.ty} %lam, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, ptr noalias %dlam, "
+                        f"ptr noalias %QKV, ptr noalias %G, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop) {{")
     DD = D * D
 
     def state(k, e, j):  # slot of S/E (k = 0) or X (k = 1) in ACC
         return k * DD + e * D + j
 
     ir.label("entry")
-    lam = ir.splat("%lam")
+    lam = None if gated else ir.splat("%lam")
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "sum.done", "%first", 1, "%stop")
     ir.emit("%boff = mul i64 %blk.i, %T")
@@ -232,8 +283,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
     ir.emit("br label %p1")
 
     def token_pointers(loop):
-        ir.emit(f"%{loop}.off = mul i64 %{loop}.i, {D * LANES}")
-        ir.emit(f"%{loop}.toff = add i64 %base, %{loop}.off")
+        ir.emit(f"%{loop}.off = mul i64 %{loop}.i, {LANES}")  # DA's offset (one vector per token)
+        ir.emit(f"%{loop}.zoff = mul i64 %{loop}.i, {D * LANES}")
+        ir.emit(f"%{loop}.toff = add i64 %base, %{loop}.zoff")
         ir.emit(f"%{loop}.soff = mul i64 %{loop}.i, {3 * D * LANES}")
         return (ir.gep("%Z", f"%{loop}.toff"), ir.gep("%dO", f"%{loop}.toff"), ir.gep("%dZ", f"%{loop}.toff"),
                 ir.gep("%QKV", f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
@@ -243,6 +295,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
     zp, dop, dzp, sp, gp = token_pointers("p1")
     z = [ir.load(zp, f) for f in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
+    decay = _gates(ir, z, D)[0] if gated else lam
     q, k, v = qkv = ir.projections(z, D)
     for i in range(3):
         for e in range(D):
@@ -250,7 +303,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
     dq = [zero] * D
     for e in range(D):
         for j in range(D):
-            s = ir.fma(v[e], k[j], ir.mul(lam, ir.load("%ACC", state(0, e, j))))
+            s = ir.fma(v[e], k[j], ir.mul(decay, ir.load("%ACC", state(0, e, j))))
             ir.store(s, "%ACC", state(0, e, j))
             dq[j] = ir.fma(s, do[e], dq[j])
     for e in range(D):
@@ -274,6 +327,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
     ir.label("p2.body")
     ir.emit("%p2.n = sub i64 %p2.i, 1")
     zp, dop, dzp, sp, gp = token_pointers("p2")
+    if gated:  # E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ (g_T = 0), and R's running sum (phis inserted below)
+        decay = "%gnext"
+        gt, sm = _gates(ir, [ir.load(zp, f) for f in range(D)], D)
     v = [ir.load(sp, 2 * D + e) for e in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
     dk, dv, gl = [zero] * D, [None] * D, "%gl"
@@ -290,18 +346,28 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
             gl = ir.fma(v[e], ir.dot(x, k), gl)
         new = []
         for j in range(D):
-            new.append(ir.fma(do[e], q[j], ir.mul(lam, old[j])))
+            new.append(ir.fma(do[e], q[j], ir.mul(decay, old[j])))
             ir.store(new[-1], "%ACC", state(0, e, j))
             dk[j] = ir.fma(new[-1], v[e], dk[j])
         dv[e] = ir.dot(new, k)
     if grad_lam:
         ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %p2.body]")
+    if gated:
+        ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %p1.done], [{gt}, %p2.body]",
+                           f"  %R = phi {V} [{zero}, %p1.done], [%R.n, %p2.body]"]
     for e in range(D):
         ir.store(dk[e], gp, D + e)
         ir.store(dv[e], gp, 2 * D + e)
+    if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t
+        op = ir.gep("%O", "%p2.toff")
+        oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
+        k = [ir.load(sp, D + j) for j in range(D)]
+        ir.emit(f"%R.n = fadd {V} %R, {_sub(ir, oo, ir.dot(k, dk))}")
+        da = ir.mul(sm, "%R.n")
+        ir.store(da, ir.gep("%DA", "%p2.off"), 0)
     if grad_z:
         for f in range(D):
-            acc = None
+            acc = ir.mul(da, ir.weight("%wg", D, 0, f)) if gated else None
             for e in range(D):
                 wk = ir.weight("%WK", D, e, f)
                 acc = ir.mul(wk, dk[e]) if acc is None else ir.fma(wk, dk[e], acc)
@@ -312,7 +378,12 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
     # W̄_i[e, f] = Σ_t ḡ_{i,t}[e] z_t[f], in tiles of rows: the tile's accumulators are the loop's phis
     ir.emit(f"%wo = mul i64 %blk.i, {3 * DD}")
     wp = ir.gep("%dW", "%wo")
-    tiles = [(i, e0, min(D, e0 + _TILE_ROWS)) for i in range(3) for e0 in range(0, D, _TILE_ROWS)]
+    rows = _tile_rows(D)
+    tiles = [(i, e0, min(D, e0 + rows)) for i in range(3) for e0 in range(0, D, rows)]
+    if gated:
+        tiles.append((3, 0, 1))  # w̄_g = Σ_t ā_t z_t: one row, from DA
+        ir.emit(f"%gwo = mul i64 %blk.i, {D}")
+        gwp = ir.gep("%dlam", "%gwo")
     prev = "p2.done"
     for n, (i, e0, e1) in enumerate(tiles):
         name = f"w{n}"
@@ -326,7 +397,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
         ir.label(f"{name}.body")
         ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
         zp, _, _, _, gp = token_pointers(name)
-        g = [ir.load(gp, i * D + e) for e in range(e0, e1)]
+        if i == 3:
+            g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)]
+        else:
+            g = [ir.load(gp, i * D + e) for e in range(e0, e1)]
         new = []
         for r in range(e1 - e0):
             zr = ir.opaque(zp)  # z_t re-read per row: memory operands, the registers left to the accumulators
@@ -337,9 +411,14 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype) -> 
         ir.label(f"{name}.done")
         for r in range(e1 - e0):
             for f in range(D):
-                ir.lane_sum(acc[r][f], wp, (i * D + e0 + r) * D + f)
+                if i == 3:
+                    ir.lane_sum(acc[r][f], gwp, f)
+                else:
+                    ir.lane_sum(acc[r][f], wp, (i * D + e0 + r) * D + f)
         prev = f"{name}.done"
-    if grad_lam:
+    if gated:
+        pass
+    elif grad_lam:
         ir.lane_sum("%gl", "%dlam", "%blk.i")
     else:
         ir.emit(f"store {ir.ty} 0.0, ptr {ir.gep('%dlam', '%blk.i')}")
@@ -391,5 +470,39 @@ def layer_kernels(D: int, residual: bool, dtype, *, grad_z: bool = True, grad_la
         bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV)), lam,
             *(_pointer(a, dtype) for a in (dO,)), dz, *(_pointer(a, dtype) for a in (dW, dlam, QKV, G, ACC)),
             T, first, stop)
+
+    return forward, backward
+
+
+@functools.cache
+def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True):
+    """(forward, backward) of ``gla_native``'s residual scalar-gated layer on the blocked layout, with the numba
+    kernels' signatures (``gla_native._gated_layer_source`` with ``blocked=True``): ``forward(Z, WQ, WK, WV, wg, O,
+    first, stop)``, ``backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop)`` (weights transposed, as
+    there)."""
+    dtype = np.dtype(dtype)
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fwd = compile_function(forward_ir(D, True, dtype, gated=True), "forward", None, (P,) * 6 + (I, I, I))
+    bwd = compile_function(backward_ir(D, True, grad_z, False, dtype, gated=True), "backward", None,
+                           (P,) * 14 + (I, I, I))
+
+    def check(Z, WQ, WK, WV, wg, *tokens):
+        if any(w.shape != (D, D) for w in (WQ, WK, WV)) or wg.shape != (D,):
+            raise ValueError(f"layer weights must be ({D}, {D}) and ({D},) (got {[w.shape for w in (WQ, WK, WV, wg)]})")
+        if Z.shape[1:] != (Z.shape[1], D, LANES) or any(a.shape != Z.shape for a in tokens):
+            raise ValueError(f"blocked tokens must be (blocks, T, {D}, {LANES}) (got {Z.shape})")
+
+    def forward(Z, WQ, WK, WV, wg, O, first, stop):
+        check(Z, WQ, WK, WV, wg, O)
+        fwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O)), Z.shape[1], first, stop)
+
+    def backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):
+        check(Z, WQ, WK, WV, wg, O, dO, *((dZ,) if grad_z else ()))
+        T = Z.shape[1]
+        QKV, G = np.empty((T, 3, D, LANES), dtype), np.empty((T, 3, D, LANES), dtype)
+        DA, ACC = np.empty((T, LANES), dtype), np.empty((2, D, D, LANES), dtype)
+        dz = _pointer(dZ, dtype) if grad_z else 0
+        bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), dz,
+            *(_pointer(a, dtype) for a in (dW, dwg, QKV, G, DA, ACC)), T, first, stop)
 
     return forward, backward

@@ -48,7 +48,7 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
-from iclab.models import _blocked
+from iclab.models import _blocked, _layer_ir
 from iclab.models import gla
 from iclab.threads import thread_count
 
@@ -799,14 +799,26 @@ def _gated_layer_kernels(D: int, dtype: str, residual: bool = False, *, blocked:
                            fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
+#: Which kernels run float32 full layers on the blocked layout (``multilayer_mse_grid``): "llvm"
+#: (``iclab.models._layer_ir.gated_layer_kernels``, the same arithmetic with its vectors kept in registers) or
+#: "numba" (``_gated_layer_source``, their twin in the tests). float64 always runs numba's (the IR ones are no
+#: faster there: 16 doubles are two vector registers).
+FLOAT32_LAYERS = "llvm"
+
+
+def _blocked_gated_kernels(D: int, dt: np.dtype, grad_z: bool = True):
+    if dt == np.float32 and FLOAT32_LAYERS == "llvm":
+        return _layer_ir.gated_layer_kernels(D, np.float32, grad_z=grad_z)
+    return _gated_layer_kernels(D, dt.name, True, blocked=True, grad_z=grad_z)
+
+
 def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg):
     """Z + GLA(Z) of one residual layer on blocked tokens (``iclab.models._blocked``); weights as
     :func:`_host_layer_forward`'s."""
     dt = Zb.dtype
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
     O = np.empty_like(Zb)
-    _run_jobs(_gated_layer_kernels(Zb.shape[2], dt.name, True, blocked=True)[0], Zb.shape[0], Zb, WQ, WK, WV,
-              _readonly(wg, dt), O)
+    _run_jobs(_blocked_gated_kernels(Zb.shape[2], dt)[0], Zb.shape[0], Zb, WQ, WK, WV, _readonly(wg, dt), O)
     return O
 
 
@@ -819,8 +831,7 @@ def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True):
     dZ = np.empty_like(Zb) if grad_z else Zb[:0]
     dW = np.empty((nb, 3, D, D), dt)
     dwg = np.empty((nb, D), dt)
-    _run_jobs(_gated_layer_kernels(D, dt.name, True, blocked=True, grad_z=grad_z)[1], nb, Zb, WQ, WK, WV,
-              _readonly(wg, dt), Ob, dOb, dZ, dW, dwg)
+    _run_jobs(_blocked_gated_kernels(D, dt, grad_z)[1], nb, Zb, WQ, WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg)
     gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
     return (dZ if grad_z else None), gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
 
