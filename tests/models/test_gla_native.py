@@ -321,3 +321,10 @@ def test_blocked_gated_layer_kernels_equal_the_token_layout_kernels(monkeypatch)
     assert first[0] is None
     for a, b in zip(first[1:], ref[1:]):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_blocked_query_loss_kernel_is_the_scalar_residual_one():
+    # multilayer_mse_grid's last layer on the blocked layout (tested through it above, L = 2, 3)
+    for kind, residual in (("none", True), ("scalar", False), ("vector", True)):
+        with pytest.raises(ValueError):
+            native._kernel(kind, D, "float64", residual, True)

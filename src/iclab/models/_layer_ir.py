@@ -1,25 +1,29 @@
-"""drift's full GLA layer (recurrent form, forget factor λ) on the blocked layout, as LLVM IR kernels.
+"""The full GLA layers of the paper presets (recurrent form) on the blocked layout, as LLVM IR kernels.
 
-The same layer and the same call signatures as the numba kernels of ``gla_forget_native._layer_source`` with
-``blocked=True`` (their naive twins in the tests), for one block of ``LANES`` prompts at a time, every value a
-vector of the block's lanes. For tokens z_t (t = 0..T-1) of width D, W_Q, W_K, W_V (D, D):
+drift's layer (a forget factor λ; ``layer_kernels``, twin of ``gla_forget_native._layer_source``) and gating's
+residual scalar-gated layer (``gated_layer_kernels``, twin of ``gla_native._gated_layer_source``), with the numba
+kernels' call signatures (``blocked=True``), for one block of ``LANES`` prompts at a time, every value a vector
+of the block's lanes. For tokens z_t (t = 0..T-1) of width D, W_Q, W_K, W_V (D, D) and a decay d_t (λ, or the
+gate g_t = φ(w_gᵀ z_t)):
 
-    q_t = W_Q z_t,  k_t = W_K z_t,  v_t = W_V z_t,  S_t = λ S_{t-1} + v_t k_tᵀ,  o_t = [z_t +] S_t q_t.
+    q_t = W_Q z_t,  k_t = W_K z_t,  v_t = W_V z_t,  S_t = d_t S_{t-1} + v_t k_tᵀ,  o_t = [z_t +] S_t q_t.
 
 Backward, given ō_t: pass 1 (t ascending) q̄_t = S_tᵀ ō_t and z̄_t = [ō_t +] W_Qᵀ q̄_t; pass 2 (t descending)
-E_t = λ E_{t+1} + ō_t q_tᵀ, k̄_t = E_tᵀ v_t, v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t and, for λ̄,
-X_t = λ X_{t+1} + E_{t+1}, λ̄ = Σ_t v_tᵀ X_t k_t; then W̄_Q = Σ_t q̄_t z_tᵀ, W̄_K = Σ_t k̄_t z_tᵀ, W̄_V = Σ_t v̄_t z_tᵀ.
+E_t = d_{t+1} E_{t+1} + ō_t q_tᵀ, k̄_t = E_tᵀ v_t, v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t and, for λ̄,
+X_t = λ X_{t+1} + E_{t+1}, λ̄ = Σ_t v_tᵀ X_t k_t (for the gates, ``backward_ir``); then W̄_Q = Σ_t q̄_t z_tᵀ,
+W̄_K = Σ_t k̄_t z_tᵀ, W̄_V = Σ_t v̄_t z_tᵀ.
 
 What differs from the numba kernels is where values live, not the arithmetic (the same operations in the same
-order; the forward and pass 1 give the same bits):
+order; drift's forward and pass 1 give the same bits):
 - the weights are read as scalars broadcast at each use (through ``iclab._llvm.opaque``): hoisted out of the
   token loop, 3D² broadcast vectors (23 KB at D = 11) were spilled to the stack and crowded the state out of L1;
+- the forward's state is carried in registers by the token loop's phis (LLVM spills what does not fit);
 - q_t and k_t of pass 2 are re-read per row of E from the block's scratch (memory operands, not 2D live vectors);
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
-  v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of 2 rows × D (2D accumulators).
-In float32 at D = 11 this makes the forward ≈ 1.5× and the backward ≈ 1.4× faster than the numba kernels
-(``iclab bench drift`` times both); in float64 (16 doubles are two registers) it is no faster, and
-``gla_forget_native`` keeps the numba kernels there.
+  v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of rows × D accumulators.
+In float32 this makes drift's forward ≈ 2× and backward ≈ 1.4× faster than the numba kernels at D = 11
+(``iclab bench drift`` times both side by side), gating's ≈ 1.2× and 1.3× at D = 16; in float64 (16 doubles are
+two registers) they are no faster, and the models keep the numba kernels there.
 """
 
 from __future__ import annotations

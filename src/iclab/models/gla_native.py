@@ -407,21 +407,50 @@ def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg
 """
 
 
-def _source(kind: str) -> str:
+def _source(kind: str, blocked: bool = False) -> str:
     if kind == "vector":
         return _VECTOR_KERNEL
-    return _COMMON.format(buffers=_SCALAR_BUFFERS, body=_SCALAR_BODY)
+    text = _COMMON.format(buffers=_SCALAR_BUFFERS, body=_SCALAR_BODY)
+    if blocked:  # one model's last layer on the blocked layout of its full layers: read and written in place
+        for old, new in _BLOCKED_EDITS:
+            if old not in text:
+                raise AssertionError(f"the query-loss kernel's source changed: {old!r}")
+            text = text.replace(old, new)
+    return text
+
+
+# The scalar residual kernel on the blocked layout (``iclab.models._blocked``): Z is one model's (⌈B/CH⌉, T, D, CH)
+# (CH = LANES) and dZ the same, each block read and written in place instead of transposed in and out; y, pos,
+# lens, rows and the weights as for the token layout with one model (S = R = M = G = 1).
+_BLOCKED_EDITS = (
+    ("    S_, R, B, Tmax, _ = Z.shape\n", "    Tmax = Z.shape[1]\n    B = y.shape[2]\n"),
+    ("    zb = np.empty((Tmax, D, CH), dt)\n", ""),
+    ("""        for b in range(n):
+            for t in range(T):
+                p = pos[g, t]
+                for f in range(D):
+                    zb[t, f, b] = Z[s, r, b0 + b, p, f]
+""", "        zb = Z[blk]\n"),
+    ("dZ[s, m, g, b0 + b, T - 1, f] += a", "dZ[blk, T - 1, f, b] += a"),
+    ("dZ[s, m, g, b0 + b, T - 1, label] += e[b]", "dZ[blk, T - 1, label, b] += e[b]"),
+    ("dZ[s, m, g, b0 + b, t, f] = ", "dZ[blk, t, f, b] = "),
+)
 
 
 @functools.cache
-def _kernel(kind: str, D: int, dtype: str, residual: bool = False):
+def _kernel(kind: str, D: int, dtype: str, residual: bool = False, blocked: bool = False):
     """The kernel of one gating kind (``none``, ``scalar``, ``vector``) for width D and a float dtype (compiled on
     first use, a few seconds). Serial code; threads split the jobs (``_run_jobs``). ``residual`` (scalar and no
-    gates): the last layer of a residual stack, ŷ = z_T[label] + (o_T)[label], and the token cotangents dZ."""
+    gates): the last layer of a residual stack, ŷ = z_T[label] + (o_T)[label], and the token cotangents dZ.
+    ``blocked`` (scalar, residual): one model's tokens and dZ on the blocked layout (``_BLOCKED_EDITS``)."""
     if residual and kind == "vector":
         raise ValueError("the residual read-out is built for scalar or no gates")
-    constants = {"CH": CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none", "RESIDUAL": residual}
-    return compile_kernels(_source(kind), ["kernel"], label=f"iclab GLA query-loss kernel, {kind}, D={D}",
+    if blocked and not (residual and kind == "scalar"):
+        raise ValueError("the blocked query-loss kernel is the scalar residual one")
+    constants = {"CH": _blocked.LANES if blocked else CHUNK, "D": D, "F": getattr(np, dtype), "GATED": kind != "none",
+                 "RESIDUAL": residual}
+    return compile_kernels(_source(kind, blocked), ["kernel"],
+                           label=f"iclab GLA query-loss kernel, {kind}, D={D}{', blocked' if blocked else ''}",
                            constants=constants, fastmath=_FASTMATH, nogil=True, boundscheck=False)[0]
 
 
@@ -926,6 +955,7 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         loss = np.empty((S, M, G), dt)
         grads = [np.zeros((S, M, G, L, D, D), dt) for _ in range(3)] + [np.zeros((S, M, G, L, D), dt)]
         last = _kernel("scalar", D, dt.name, True)
+        last_blocked = _kernel("scalar", D, dt.name, True, True) if L > 1 else None
         one = np.zeros(1, np.int64)
         for s in range(S):
             for m in range(M):
@@ -933,25 +963,26 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
                     T = int(lengths[g])
                     Z0 = np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])  # (B, T, D): this n̄'s prompts
                     W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
-                    # the full layers on the blocked layout (each block read and written in place)
+                    # the full layers on the blocked layout (each block read and written in place), and the last
+                    # layer's kernel on it too
                     Zs = [_blocked.to_blocks(Z0)] if L > 1 else [Z0]
                     for l in range(L - 1):
                         Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l]))
-                    ZL = _blocked.from_blocks(Zs[-1], B) if L > 1 else Z0
                     # the last layer read at the query (residual read-out), its weight gradients and token cotangents
-                    lo = np.empty((1, 1, 1, NB), dt)
-                    gl = [np.empty((1, 1, 1, NB, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, NB, D, 1), dt),
-                                                                                   np.empty((1, 1, 1, NB, D), dt)]
-                    dZ = np.zeros((1, 1, 1, B, T, D), dt)
+                    nb = Zs[-1].shape[0] if L > 1 else NB
+                    lo = np.empty((1, 1, 1, nb), dt)
+                    gl = [np.empty((1, 1, 1, nb, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, nb, D, 1), dt),
+                                                                                   np.empty((1, 1, 1, nb, D), dt)]
+                    dZ = np.zeros_like(Zs[-1]) if L > 1 else np.zeros((1, 1, 1, B, T, D), dt)
                     args = [a[None, None, None] for a in (W[0][-1], W[1][-1], W[2][-1], W[3][-1])]
-                    _run_jobs(last, NB, ZL[None, None], y[s, rows[m]][None, None], np.arange(T)[None],
-                              np.asarray([T]), one, *args, np.zeros((1, 1, 1, D), dt), label, lo, gl[0], gl[1],
-                              gl[2], gl[3], np.zeros((1,) * 5, dt), dZ)
+                    _run_jobs(last_blocked if L > 1 else last, nb, Zs[-1] if L > 1 else Z0[None, None],
+                              y[s, rows[m]][None, None], np.arange(T)[None], np.asarray([T]), one, *args,
+                              np.zeros((1, 1, 1, D), dt), label, lo, gl[0], gl[1], gl[2], gl[3],
+                              np.zeros((1,) * 5, dt), dZ)
                     loss[s, m, g] = lo.sum()
                     grads[0][s, m, g, -1], grads[1][s, m, g, -1] = gl[0].sum(axis=3)[0, 0, 0], gl[1].sum(axis=3)[0, 0, 0]
                     grads[2][s, m, g, -1, :, label] = gl[2].sum(axis=3)[0, 0, 0, :, 0]
                     grads[3][s, m, g, -1] = gl[3].sum(axis=3)[0, 0, 0]
-                    dZ = _blocked.to_blocks(dZ[0, 0, 0]) if L > 1 else None
                     for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
                         dZ, *gw = _blocked_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
                                                           grad_z=l > 0)  # the first layer reads data
