@@ -14,10 +14,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import threading
 
 __all__ = ["compile_function", "opaque"]
 
 _ENGINES: dict[str, object] = {}  # keeps each module's machine code alive for the life of the process
+# LLVM's global context is not thread-safe, and two host callbacks of one jitted step may ask for kernels at once
+_LOCK = threading.Lock()
 
 
 @functools.cache
@@ -31,10 +34,15 @@ def _target_machine():
                                         features=llvm.get_host_cpu_features().flatten(), opt=3)
 
 
-@functools.lru_cache(maxsize=None)
 def compile_function(text: str, name: str, restype, argtypes: tuple):
     """The function ``name`` of the LLVM IR module ``text``, optimised at -O3 for this CPU, as a ctypes function
-    with the given result and argument types (cached per (text, name, types) for the process)."""
+    with the given result and argument types (cached per (text, name, types) for the process; thread-safe)."""
+    with _LOCK:
+        return _compile(text, name, restype, argtypes)
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(text: str, name: str, restype, argtypes: tuple):
     import llvmlite.binding as llvm
 
     tm = _target_machine()
