@@ -143,3 +143,62 @@ def test_local_sweep_workers_share_the_cores_out(tmp_path):
         arrays = [np.load(os.path.join(p["path"], "trajectories.npz")) for p in points]
         assert {int(a["pjrt"]) for a in arrays} == {expected} and {int(a["omp"]) for a in arrays} == {expected}
         assert len({int(a["pid"]) for a in arrays}) >= 2  # computed by the pool's workers, not the driver
+
+
+def test_run_split_covers_every_job_once_on_a_kept_pool():
+    from iclab.threads import _kernel_pool, run_split
+
+    for jobs, threads in ((1, 3), (7, 1), (7, 2), (7, 3), (2, 5)):
+        seen = np.zeros(jobs, int)
+
+        def kernel(out, first, stop):
+            out[first:stop] += 1
+
+        run_split(kernel, jobs, seen, threads=threads)
+        assert seen.tolist() == [1] * jobs
+    assert _kernel_pool(2) is _kernel_pool(2)  # one pool per size for the process
+
+
+def test_run_split_raises_after_every_run_has_finished():
+    import threading
+    import time
+
+    from iclab.threads import run_split
+
+    done = []
+
+    def kernel(first, stop):
+        if first == 0:  # the pool's run: slow, then done
+            time.sleep(0.2)
+            done.append(threading.current_thread().name)
+        else:  # the calling thread's run fails at once
+            raise RuntimeError("bad block")
+
+    with pytest.raises(RuntimeError, match="bad block"):
+        run_split(kernel, 2, threads=2)
+    assert len(done) == 1  # the other run finished before the error reached the caller
+
+    def failing_pool_run(first, stop):
+        if first == 0:
+            raise ValueError("pool run")
+
+    with pytest.raises(ValueError, match="pool run"):
+        run_split(failing_pool_run, 2, threads=2)
+
+
+def test_run_split_from_several_threads_at_once():
+    import concurrent.futures
+
+    from iclab.threads import run_split
+
+    def square(x, out, first, stop):
+        out[first:stop] = x[first:stop] ** 2
+
+    def one(seed):
+        x = np.random.default_rng(seed).standard_normal(1000)
+        out = np.empty_like(x)
+        run_split(square, x.size, x, out, threads=3)
+        return np.array_equal(out, x ** 2)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as callers:
+        assert all(callers.map(one, range(16)))

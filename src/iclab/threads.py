@@ -24,6 +24,7 @@ threads (at least one), a Ray task the CPUs it asked for (one).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import sys
 import warnings
@@ -135,17 +136,32 @@ def _apply_environment() -> None:
         os.environ.setdefault(name, "1")
 
 
+@functools.cache
+def _kernel_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per size, kept for the process: a training step makes hundreds of kernel calls, and starting
+    threads for each cost ≈ 0.1 ms a call."""
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="iclab-kernel")
+
+
 def run_split(kernel, jobs: int, *args, threads: int) -> None:
     """``kernel(*args, first, stop)`` over the jobs [0, jobs), split into contiguous runs, one per thread.
 
-    For the compiled CPU kernels (numba, ``nogil``) whose job ranges write disjoint outputs: each run is one
-    thread's, so a result summed within a job does not depend on the thread count. ``threads`` is the caller's
-    (its module's ``thread_count()``), capped at ``jobs``; one thread runs the kernel here.
+    For the compiled CPU kernels (numba ``nogil``, or ctypes) whose job ranges write disjoint outputs: each run
+    is one thread's, so a result summed within a job does not depend on the thread count. ``threads`` is the
+    caller's (its module's ``thread_count()``), capped at ``jobs``; the last run on the calling thread, the
+    others on a pool kept for the process (several callers may share it: a pool thread never waits on another).
     """
     threads = max(1, min(threads, jobs))
     if threads == 1:
         kernel(*args, 0, jobs)
         return
     bounds = [jobs * i // threads for i in range(threads + 1)]
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:  # the kernels release the GIL
-        list(pool.map(lambda i: kernel(*args, bounds[i], bounds[i + 1]), range(threads)))
+    pool = _kernel_pool(threads - 1)
+    futures = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
+    try:
+        kernel(*args, bounds[threads - 1], bounds[threads])
+    finally:  # the pool's runs finish (or fail) before this returns or raises: they write the caller's arrays
+        for f in futures:
+            f.exception()
+    for f in futures:
+        f.result()

@@ -39,7 +39,6 @@ gating.fig1's paper step took 2.1 s, most of it the vector-gated models (``iclab
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 
 import jax
@@ -50,7 +49,7 @@ from iclab._host import host_call
 from iclab._numba import compile_kernels
 from iclab.models import _blocked, _layer_ir
 from iclab.models import gla
-from iclab.threads import thread_count
+from iclab.threads import run_split, thread_count
 
 __all__ = ["gated_layer", "multilayer_mse_grid", "query_mse_grid", "subsequence_positions"]
 
@@ -454,24 +453,9 @@ def _kernel(kind: str, D: int, dtype: str, residual: bool = False, blocked: bool
                            constants=constants, fastmath=_FASTMATH, nogil=True, boundscheck=False)[0]
 
 
-@functools.cache
-def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One pool per thread count, kept for the process: a training step makes hundreds of kernel calls."""
-    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="iclab-gla-native")
-
-
 def _run_jobs(kernel, jobs: int, *args) -> None:
     """kernel(*args, first, stop) over jobs [0, jobs), split into contiguous runs, one per thread."""
-    threads = max(1, min(thread_count(), jobs))
-    if threads == 1:
-        kernel(*args, 0, jobs)
-        return
-    bounds = [jobs * i // threads for i in range(threads + 1)]
-    # the kernel releases the GIL; the last run on this thread, the others on the pool
-    futures = [_pool(threads - 1).submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
-    kernel(*args, bounds[threads - 1], bounds[threads])
-    for f in futures:
-        f.result()
+    run_split(kernel, jobs, *args, threads=thread_count())
 
 
 #: The kernels' dZ argument where no token cotangent is written.
