@@ -21,7 +21,7 @@ order; drift's forward and pass 1 give the same bits):
 - q_t and k_t of pass 2 are re-read per row of E from the block's scratch (memory operands, not 2D live vectors);
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
   v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of rows × D accumulators.
-In float32 this makes drift's forward ≈ 2× and backward ≈ 1.4× faster than the numba kernels at D = 11
+In float32 this makes drift's forward ≈ 1.4× and backward ≈ 1.3× faster than the numba kernels at D = 11
 (``iclab bench drift`` times both side by side), gating's ≈ 1.2× and 1.3× at D = 16; in float64 (16 doubles are
 two registers) they are no faster, and the models keep the numba kernels there.
 """

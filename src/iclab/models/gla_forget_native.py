@@ -467,7 +467,7 @@ def _layer_kernels(D: int, residual: bool = False, *, blocked: bool = False, gra
                            constants={"CH": lanes}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
-#: Which kernels run float32 full layers on the blocked layout in ``multilayer_mse``: "llvm" (``_layer_ir``, ≈ 1.4-1.5×
+#: Which kernels run float32 full layers on the blocked layout in ``multilayer_mse``: "llvm" (``_layer_ir``, ≈ 1.3-1.4×
 #: faster) or "numba" (``_layer_source``, their twin in the tests). float64 always runs numba's: there the IR
 #: kernels (16 doubles are two vector registers) are no faster.
 FLOAT32_LAYERS = "llvm"

@@ -450,10 +450,10 @@ register(
             "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
         ],
         runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
-                 "paper": "897 s (15 min) on the idle 2-core machine (run 27 Nov 2026, 14:15: the full layers as LLVM IR "
-                          "kernels (models._layer_ir) on the blocked layout, a first layer's backward without the token "
-                          "cotangent, no λ̄ for a fixed λ, each group's models in one host call; `iclab bench drift`: 0.39 s "
-                          "per step); 6/9 checks, every failure named by the checks' notes from the stored results. The "
+                 "paper": "749 s (12.5 min) on the idle 2-core machine (run 27 Nov 2026, 15:19: the full layers as LLVM "
+                          "IR kernels (models._layer_ir) on the blocked layout, a first layer's backward without the token "
+                          "cotangent, no λ̄ for a fixed λ, each group's models in one host call, the kernels' thread pool "
+                          "kept; `iclab bench drift`: 0.36 s per step); 6/9 checks, every failure named by the checks' notes from the stored results. The "
                           "1-layer models' numbers are those of the runs before (their kernel did not change): the model at "
                           "λ = 0.8 rests on the rank-one saddle of the full weights (train error 0.9933 ± 0.0077 against the "
                           "saddle's level 0.9944 and Theorem 2's 0.7102; see drift.fig1), so '(a) 1-layer = Theorem 2' fails; "
@@ -465,7 +465,8 @@ register(
                           "at λ = 0.95-1 the residual stacks start from an exploding output (first recorded loss 10⁵ to 10¹⁶; "
                           "3 layers 45-46 % above, 2 layers at λ = 1 5.4 %). The deep models that converged are below the "
                           "1-layer optimum, as the paper says (2 layers at λ ≤ 0.95: 3.7-11.9 % below in train, 3.6-12.5 % in "
-                          "test; 3 layers at λ = 0.9: 6.9 % below). Before: 1197 s (20 min; 11:52, numba's layer kernels on "
+                          "test; 3 layers at λ = 0.9: 6.9 % below). Before: 897 s (14:15, the same bits, threads started per kernel "
+                          "call); 1197 s (20 min; 11:52, numba's layer kernels on "
                           "the blocked layout, 0.49-0.55 s per step) and 1772 s (30 min; 08:48, the kernels transposing each "
                           "block, 0.83 s per step), 6/9 with the same 1-layer failure and the same kinds of unsettled deep "
                           "models; 2168 s (05:41, 128-layer ziggurat, evaluation prompts from XLA; its 28 stored arrays bit for "
