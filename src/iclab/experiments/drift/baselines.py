@@ -235,7 +235,8 @@ register(
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
         runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
-                 "paper": "117 s on the idle 2-core machine (run 27 Nov 2026, 08:34: LMS and RLS by the compiled filter kernel "
+                 "paper": "92 s on the idle 2-core machine (run 27 Nov 2026, 16:00, with the kernels' thread pool kept for the "
+                          "process; the same check values as the 117-s run of 08:34: LMS and RLS by the compiled filter kernel "
                           "(baselines.filter_tail_errors), every γ's sequences from one draw of the native sampler, ≈ 6 s "
                           "against ≈ 20 s; evaluation prompts from the compiled sampler, 1.3 s against 7 s; a 256-layer "
                           "ziggurat; ≈ 0.053 s per training step, 0.041 s of it the sampler). 5/7 checks: with these draws the "

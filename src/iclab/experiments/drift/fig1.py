@@ -455,7 +455,8 @@ register(
         ],
         runtime={"quick": "≈ 18 s on the idle 2-core machine (estimated: 10 s measured at 300 steps before the held-out "
                           "matching; 34-50 s under load)",
-                 "paper": "259 s on the idle 2-core machine (run 27 Nov 2026, 08:40: kernel = sampler = native, the batch in "
+                 "paper": "200 s on the idle 2-core machine (run 27 Nov 2026, 16:02, with the kernels' thread pool kept for the "
+                          "process; the same check values as the 259-s run of 08:40: kernel = sampler = native, the batch in "
                           "the shared layout, a 256-layer ziggurat (the sampler's slow path 24 -> 14 % of the streams), the "
                           "evaluation prompts from the compiled sampler too; ≈ 0.11 s per step). 16/19 checks. With these draws"
                           " 12 of the 85 q/k/v models rest on the rank-one saddle (the same count as before, partly other "
