@@ -420,11 +420,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
                 else:
                     ir.lane_sum(acc[r][f], wp, (i * D + e0 + r) * D + f)
         prev = f"{name}.done"
-    if gated:
-        pass
-    elif grad_lam:
+    if grad_lam:
         ir.lane_sum("%gl", "%dlam", "%blk.i")
-    else:
+    elif not gated:  # (gated: %dlam is dwg, written by its tile above)
         ir.emit(f"store {ir.ty} 0.0, ptr {ir.gep('%dlam', '%blk.i')}")
     ir.emit("br label %sum.done")
     ir.label("sum.done")
@@ -447,7 +445,7 @@ def layer_kernels(D: int, residual: bool, dtype, *, grad_z: bool = True, grad_la
     ``backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, first, stop)`` (``gla_forget_native._layer_source``), that
     release the GIL (``iclab.threads.run_split`` runs them on threads)."""
     dtype = np.dtype(dtype)
-    ty, _, scalar = _TYPES[dtype]
+    scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
     fwd = compile_function(forward_ir(D, residual, dtype), "forward", None, (P, P, P, P, scalar, P, I, I, I))
     bwd = compile_function(backward_ir(D, residual, grad_z, grad_lam, dtype), "backward", None,
