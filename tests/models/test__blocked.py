@@ -24,3 +24,15 @@ def test_blocks_round_trip_with_zero_spare_lanes(B):
     lv = _blocked.lanes(v, nb)
     assert lv.shape == (nb, 4, _blocked.LANES) and not np.moveaxis(lv, 2, 1).reshape(-1, 4)[B:].any()
     np.testing.assert_array_equal(_blocked.unlanes(lv, B), v)
+
+
+def test_blocks_of_chosen_token_positions():
+    """to_blocks(Z, positions=p) is to_blocks(Z[:, p]) (gla_native's grids read each n̄'s tokens so); bad
+    positions are refused."""
+    rng = np.random.default_rng(3)
+    Z = rng.standard_normal((_blocked.LANES + 3, 11, 4)).astype(np.float32)
+    p = np.array([0, 3, 4, 10])
+    np.testing.assert_array_equal(_blocked.to_blocks(Z, positions=p, threads=2), _blocked.to_blocks(Z[:, p]))
+    for bad in (np.array([0, 11]), np.array([-1]), np.zeros((2, 2), np.int64)):
+        with pytest.raises(ValueError, match="positions"):
+            _blocked.to_blocks(Z, positions=bad)

@@ -210,3 +210,138 @@ def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeyp
     for a, b in zip(got["llvm"], got["numba"]):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-6 * float(np.abs(b).max()))
+
+
+# gating's last layer read at the query (gla_native's query-loss kernel) on the blocked layout
+
+
+def _query_reference(kind, Z, y, W, wg, label, residual):
+    """(loss, W̄_q, W̄_k, ū, w̄_g, z̄ (B, T, D) or None) of one model by gla_native's token-layout numba kernel
+    (tested against the naive loss in tests/models/test_gla_native.py)."""
+    B, T, Dq = Z.shape
+    dt = Z.dtype
+    nb = -(-B // gla_native.CHUNK)
+    lo = np.empty((1, 1, 1, nb), dt)
+    gl = [np.empty((1, 1, 1, nb, Dq, Dq), dt) for _ in range(2)] + [np.empty((1, 1, 1, nb, Dq, 1), dt),
+                                                                     np.empty((1, 1, 1, nb, Dq), dt)]
+    dZ = np.zeros((1, 1, 1, B, T, Dq), dt) if residual else np.zeros((1,) * 5, dt)
+    kernel = gla_native._kernel(kind, Dq, dt.name, residual)
+    kernel(Z[None, None], y[None, None], np.arange(T)[None], np.asarray([T]), np.zeros(1, np.int64),
+           *(w[None, None, None] for w in W), wg[None, None, None], np.zeros((1, 1, 1, Dq), dt), label, lo, *gl,
+           np.zeros((1,) * 5, dt), dZ, 0, nb)
+    return (lo.sum(), gl[0].sum(axis=3)[0, 0, 0], gl[1].sum(axis=3)[0, 0, 0], gl[2].sum(axis=3)[0, 0, 0, :, 0],
+            gl[3].sum(axis=3)[0, 0, 0], dZ[0, 0, 0] if residual else None)
+
+
+def _query_ir(kind, Zb, y, W, wg, label, residual, grad_z, threads=2):
+    """The same by the IR kernel on the blocked layout, its per-block outputs summed in order; z̄ blocked."""
+    B = y.shape[0]
+    dt = Zb.dtype
+    nb, _, Dq, _ = Zb.shape
+    query = _layer_ir.query_loss_kernel(Dq, dt, gated=kind == "scalar", residual=residual, grad_z=grad_z,
+                                        label=label)
+    loss, gv, gg = np.full(nb, np.nan, dt), np.full((nb, Dq), np.nan, dt), np.full((nb, Dq), np.nan, dt)
+    gq, gk = np.full((nb, Dq, Dq), np.nan, dt), np.full((nb, Dq, Dq), np.nan, dt)
+    dZ = np.full_like(Zb, np.nan) if grad_z else None
+    from iclab.threads import run_split
+    run_split(query, nb, Zb, _blocked.lanes(y, nb), W[0], W[1], np.ascontiguousarray(W[2][:, label]), wg, B, loss,
+              gq, gk, gv, gg, dZ, threads=threads)
+    return loss.sum(), gq.sum(0), gk.sum(0), gv.sum(0), gg.sum(0), dZ
+
+
+def _query_case(dtype, Dq, B=2 * native.LANES + 3, T=9, seed=11):
+    rng = np.random.default_rng(seed)
+    Z = (0.7 * rng.standard_normal((B, T, Dq))).astype(dtype)
+    y = rng.standard_normal(B).astype(dtype)
+    W = [(0.4 * rng.standard_normal((Dq, Dq))).astype(dtype) for _ in range(3)]
+    wg = (1.5 * rng.standard_normal(Dq)).astype(dtype)  # some gates near saturation
+    return Z, y, W, wg
+
+
+@pytest.mark.parametrize("kind", ["scalar", "none"])
+@pytest.mark.parametrize("residual, grad_z", [(True, True), (True, False), (False, False)])
+def test_query_loss_ir_kernel_equals_the_token_layout_kernel_in_float64(kind, residual, grad_z, monkeypatch):
+    """Loss, W̄_q, W̄_k, ū, w̄_g and (a residual stream's last layer) the token cotangents against gla_native's
+    token-layout kernel, at a width below one lane group (D = 7); spare lanes zero; w̄_g zero without gates; the
+    same bits for 1, 2 and 3 threads; z̄ not written without ``grad_z``."""
+    label = 4
+    Z, y, W, wg = _query_case(np.float64, DG)
+    B = Z.shape[0]
+    ref = _query_reference(kind, Z, y, W, wg, label, residual)
+    Zb = _blocked.to_blocks(Z)
+    outs = [_query_ir(kind, Zb, y, W, wg, label, residual, grad_z, threads=n) for n in (1, 2, 3)]
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+    *got, dZb = outs[0]
+    for a, b in zip(got, ref[:5]):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    if kind == "none":
+        assert not got[4].any()
+    if grad_z:
+        np.testing.assert_allclose(_blocked.from_blocks(dZb, B), ref[5], rtol=1e-12, atol=1e-12)
+        assert not _unblock(dZb)[B:].any()
+    else:
+        assert dZb is None
+
+
+@pytest.mark.parametrize("Dq", [16, pytest.param(20, marks=pytest.mark.slow)])
+def test_query_loss_ir_kernel_in_float32_at_the_paper_width(Dq):
+    """float32 at gating.fig2's width (16: one lane group of the W̄ sums) and beyond (20: two), against the numba
+    kernel to float32 rounding."""
+    label = 10
+    Z, y, W, wg = _query_case(np.float32, Dq, B=3 * native.LANES, T=23, seed=12)
+    ref = _query_reference("scalar", Z, y, W, wg, label, True)
+    *got, dZb = _query_ir("scalar", _blocked.to_blocks(Z), y, W, wg, label, True, True)
+    for a, b in zip(got + [_blocked.from_blocks(dZb, Z.shape[0])], ref):
+        assert np.asarray(a).dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * float(np.abs(b).max()))
+
+
+def test_query_loss_ir_kernel_refuses_bad_operands():
+    Z, y, W, wg = _query_case(np.float64, DG, B=native.LANES, T=3)
+    Zb = _blocked.to_blocks(Z)
+    with pytest.raises(ValueError, match="residual"):
+        _layer_ir.query_loss_kernel(DG, np.float64, gated=True, residual=False, grad_z=True, label=1)
+    query = _layer_ir.query_loss_kernel(DG, np.float64, gated=True, residual=True, grad_z=False, label=1)
+    nb = Zb.shape[0]
+    outs = (np.empty(nb), np.empty((nb, DG, DG)), np.empty((nb, DG, DG)), np.empty((nb, DG)), np.empty((nb, DG)))
+    with pytest.raises(ValueError, match="targets"):
+        query(Zb, np.zeros((nb + 1, native.LANES)), W[0], W[1], W[2][:, 1].copy(), wg, 16, *outs, None, 0, nb)
+    with pytest.raises(ValueError, match="per block"):
+        query(Zb, np.zeros((nb, native.LANES)), W[0], W[1], W[2][:, 1].copy(), wg, 16, *outs[:4], outs[4][:0], None,
+              0, nb)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _query_ir("scalar", Zb.astype(np.float32), y, W, wg, 1, True, False)
+
+
+def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_numba(monkeypatch):
+    """gla_native.multilayer_mse_grid in float32 (1 and 2 layers): the IR kernels (layers and query read-out) unless
+    FLOAT32_LAYERS says numba; losses and gradients the same to float32 rounding."""
+    rng = np.random.default_rng(13)
+    S, R, B, T = 1, 1, native.LANES + 5, 9
+    Z = jnp.asarray((0.6 * rng.standard_normal((R, B, T, DG))).astype(np.float32))
+    y = jnp.asarray(rng.standard_normal((R, B)).astype(np.float32))
+    pos, lens = gla_native.subsequence_positions([[0, 2, 5, 8], list(range(T))])
+    used, kernels = [], _layer_ir.query_loss_kernel
+    monkeypatch.setattr(_layer_ir, "query_loss_kernel", lambda *a, **k: used.append(k) or kernels(*a, **k))
+    for L in (1, 2):
+        layers = [{k: jnp.asarray((0.4 * rng.standard_normal((1, 2) + sh)).astype(np.float32))
+                   for k, sh in (("Wq", (DG, DG)), ("Wk", (DG, DG)), ("Wv", (DG, DG)), ("w_g", (DG,)))}
+                  for _ in range(L)]
+        got = {}
+        for family in ("llvm", "numba"):
+            monkeypatch.setattr(gla_native, "FLOAT32_LAYERS", family)
+
+            def loss(ls):
+                return jnp.sum(gla_native.multilayer_mse_grid(ls, Z, y, positions=pos, lengths=lens, rows=[0],
+                                                              label=3))
+
+            got[family] = jax.value_and_grad(loss)(layers)
+            assert bool(used) == (family == "llvm") and all(k["grad_z"] == (L > 1) for k in used)
+            used.clear()
+        a, b = (jax.tree_util.tree_leaves(got[f]) for f in ("llvm", "numba"))
+        for x, z in zip(a, b):
+            assert x.dtype == jnp.float32
+            np.testing.assert_allclose(x, z, rtol=0, atol=5e-6 * float(jnp.max(jnp.abs(z))))

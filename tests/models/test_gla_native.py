@@ -328,3 +328,20 @@ def test_the_blocked_query_loss_kernel_is_the_scalar_residual_one():
     for kind, residual in (("none", True), ("scalar", False), ("vector", True)):
         with pytest.raises(ValueError):
             native._kernel(kind, D, "float64", residual, True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_multilayer_grid_runs_models_on_threads_with_the_same_bits(dtype, monkeypatch):
+    """A grid with enough models runs whole models on the threads (each model's kernels on one); the result is the
+    same, bit for bit, as each model's kernels split over 1, 2 or 3 threads."""
+    Z, y = _tokens(3, _blocked.LANES + 3, 13, dtype, key=65)
+    layers = _layers(3, dtype)
+    grad = jax.jit(jax.value_and_grad(_weighted(_native_multilayer)))
+    outs = []
+    for threads, per_thread in ((2, 1), (3, 1), (1, 10**6), (2, 10**6), (3, 10**6)):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        monkeypatch.setattr(native, "MODELS_PER_THREAD", per_thread)
+        outs.append(jax.tree_util.tree_leaves(grad(layers, Z, y)))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)

@@ -508,3 +508,256 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True):
             *(_pointer(a, dtype) for a in (dW, dwg, QKV, G, DA, ACC)), T, first, stop)
 
     return forward, backward
+
+
+# --------------------------------------------------------------------------------------------
+# The last layer read at the query (gla_native's scalar-gated or ungated query-loss kernel, blocked layout)
+
+
+def _bit_reversed(n: int) -> list[int]:
+    bits = n.bit_length() - 1
+    return [int(f"{i:0{bits}b}"[::-1], 2) for i in range(n)]
+
+
+def _lane_sums(ir: _Builder, vectors: list[str]) -> str:
+    """One vector whose lane i is the sum of the lanes of ``vectors[i]`` (at most LANES of them, the rest taken
+    as zero): a butterfly of 15 additions and 30 shuffles for 16 vectors instead of 16 · 15 scalar additions.
+    Each step adds two vectors' halves of every block of 2h lanes, x's in the block's first half and y's in its
+    second; the sources come out in bit-reversed lane order, so they go in bit-reversed."""
+    vecs = list(vectors) + ["zeroinitializer"] * (LANES - len(vectors))
+    cur = [vecs[k] for k in _bit_reversed(LANES)]
+    h = LANES // 2
+    while len(cur) > 1:
+        nxt = []
+        for x, y in zip(cur[::2], cur[1::2]):
+            first = [l if l % (2 * h) < h else LANES + l for l in range(LANES)]
+            second = [l + h if l % (2 * h) < h else LANES + l - h for l in range(LANES)]
+            a, b = ir.tmp(), ir.tmp()
+            for r, mask in ((a, first), (b, second)):
+                ir.emit(f"{r} = shufflevector {ir.V} {x}, {ir.V} {y}, <{LANES} x i32> "
+                        f"<{', '.join(f'i32 {m}' for m in mask)}>")
+            nxt.append(ir.add(a, b))
+        cur, h = nxt, h // 2
+    return cur[0]
+
+
+def _store_lanes(ir: _Builder, vector: str, base: str, offset: str, count: int) -> None:
+    """base[offset + i] = lane i of the vector, i < count."""
+    p = ir.gep(base, offset)
+    if count == LANES:
+        ir.emit(f"store {ir.V} {vector}, ptr {p}, align 4")
+        return
+    for i in range(count):
+        x = ir.tmp()
+        ir.emit(f"{x} = extractelement {ir.V} {vector}, i32 {i}")
+        ir.emit(f"store {ir.ty} {x}, ptr {ir.gep(p, i)}")
+
+
+def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int) -> str:
+    """IR of ``query(Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg, dZ, SC, T, first, stop, inv_B, two_inv_B)``: the
+    query-loss kernel of ``gla_native`` (its module docstring: ŷ = [z_T[label] +] Σ_t ω_t s_t v_t, s_t = z_tᵀc,
+    c = W_K W_Qᵀ z_T, v_t = z_tᵀu with u = (W_V)_{:,label}, ω_t = Π_{u>t} φ(w_gᵀz_u) or 1) for blocks [first, stop)
+    of Z (blocks, T, D, LANES), the prompts in lanes (spare lanes zero tokens and zero targets), y (blocks, LANES).
+    Per block: loss[blk] = Σ_b (ŷ − y)² · inv_B, gq[blk], gk[blk] (D, D) the block's W̄_Q, W̄_K, gv[blk], gg[blk]
+    (D) its ū and w̄_g, and (``grad_z``) the token cotangents dZ (blocks, T, D, LANES). SC: one thread's scratch
+    (T, 8, LANES) plus 2D + 1 vectors.
+
+    The numba kernel's operations (its order except where lanes are summed); every per-token value a vector of
+    the block's prompts, in registers: pass 1 (t ascending) s_t, v_t and the gates; pass 2 (descending) ω_t and ŷ;
+    pass 3 (ascending) the rows' cotangents c̄_t = e ω_t v_t, ū_t = e ω_t s_t, w̄_t = e φ(−a_t) P_t (P_t the prefix
+    sum of ω s v) and z̄_t; then c̄ = Σ_t c̄_t z_t, ū, w̄_g likewise, one loop each with D accumulators; W̄_K = Σ_b c̄ qᵀ
+    and W̄_Q = Σ_b z_T q̄ᵀ, q̄ = W_Kᵀ c̄, summed over the lanes 16 at a time (:func:`_lane_sums`)."""
+    if grad_z and not residual:
+        raise ValueError("token cotangents are those of a residual stream's last layer")
+    ir = _Builder(dtype)
+    V, zero, ty = ir.V, "zeroinitializer", ir.ty
+    ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %Wq, ptr noalias %Wk, "
+                    f"ptr noalias %u, ptr noalias %wg, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, "
+                    f"ptr noalias %gv, ptr noalias %gg, ptr noalias %dZ, ptr noalias %SC, i64 %T, i64 %first, "
+                    f"i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
+    ST, VT, GT, SM, OM, XC, XU, XW = range(8)  # the scratch's per-token slots
+    ir.label("entry")
+    one = ir.splat("1.0")
+    ir.emit(f"%qc = mul i64 %T, {8 * LANES}")  # q and c after the per-token slots
+    QC = ir.gep("%SC", "%qc")
+    ir.emit("br label %blk")
+    _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
+    ir.emit("%boff = mul i64 %blk.i, %T")
+    ir.emit(f"%base = mul i64 %boff, {D * LANES}")
+    zb = ir.gep("%Z", "%base")
+    dzb = ir.gep("%dZ", "%base") if grad_z else None
+    ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
+    ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
+    zqp = ir.gep(zb, "%zqo2")
+    zq = [ir.load(zqp, f) for f in range(D)]
+    # q_j = Σ_f W_Q[f, j] z_T[f], c_f = Σ_j W_K[f, j] q_j
+    q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
+    c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
+    for i, x in enumerate(q + c):
+        ir.store(x, QC, i)
+    ir.emit("br label %p1")
+
+    def token(loop):
+        ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
+        ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {8 * LANES}")
+        return ir.gep(zb, f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
+
+    # pass 1: s_t = c·z_t, v_t = u·z_t, the gates of a_t = w_g·z_t
+    _loop_head(ir, "p1", "blk.body", "p1.body", "0", 1, "%T")
+    zp, sp, _ = token("p1")
+    z = [ir.load(zp, f) for f in range(D)]
+    cs = ir.opaque(QC)
+    ir.store(ir.dot([ir.load(cs, D + f) for f in range(D)], z), sp, ST)
+    ir.store(ir.dot([ir.weight("%u", D, 0, f) for f in range(D)], z), sp, VT)
+    if gated:
+        g, sm = _gates(ir, z, D)
+        ir.store(g, sp, GT)
+        ir.store(sm, sp, SM)
+    ir.emit("br label %p1")
+    ir.label("p1.done")
+    ir.emit("%Tm1 = sub i64 %T, 1")
+    ir.emit("br label %p2")
+    # pass 2, t descending: ω_t (ob before its gate), ŷ += ω_t s_t v_t
+    ir.label("p2")
+    ir.emit("%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %p2.body]")
+    yh0 = zq[label] if residual else zero
+    ir.emit(f"%ob = phi {V} [{one}, %p1.done], [%ob.n, %p2.body]")
+    ir.emit(f"%yh = phi {V} [{yh0}, %p1.done], [%yh.n, %p2.body]")
+    ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
+    ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
+    ir.label("p2.body")
+    ir.emit("%p2.n = sub i64 %p2.i, 1")
+    _, sp, _ = token("p2")
+    ir.store("%ob", sp, OM)
+    st, vt = ir.load(sp, ST), ir.load(sp, VT)
+    ir.emit(f"%yh.n = call {V} @{ir.fma_name}({V} {ir.mul('%ob', st)}, {V} {vt}, {V} %yh)")
+    if gated:
+        ir.emit(f"%ob.n = fmul {V} %ob, {ir.load(sp, GT)}")
+    else:
+        ir.emit(f"%ob.n = fadd {V} %ob, {zero}")
+    ir.emit("br label %p2")
+    ir.label("p2.done")
+    ir.emit(f"%yo = mul i64 %blk.i, {LANES}")
+    err = _sub(ir, "%yh", ir.load(ir.gep("%y", "%yo"), 0))
+    ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")  # the loss's scratch slot, after q and c
+    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
+    ls, lsc = ir.tmp(), ir.tmp()
+    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
+    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
+    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%blk.i')}")
+    e = ir.mul(ir.splat("%two_inv_B"), err)
+    ir.emit("br label %p3")
+    # pass 3, t ascending: the rows' cotangents (and P_t's prefix sum), z̄_t
+    _loop_head(ir, "p3", "p2.done", "p3.body", "0", 1, "%T")
+    at = len(ir.lines) - 5
+    zp, sp, zo = token("p3")
+    om, st, vt = ir.load(sp, OM), ir.load(sp, ST), ir.load(sp, VT)
+    eo = ir.mul(e, om)
+    xc, xu = ir.mul(eo, vt), ir.mul(eo, st)
+    ir.store(xc, sp, XC)
+    ir.store(xu, sp, XU)
+    if gated:
+        xw = ir.mul(ir.mul(e, ir.load(sp, SM)), "%pre")
+        ir.store(xw, sp, XW)
+        ir.emit(f"%pre.n = call {V} @{ir.fma_name}({V} {ir.mul(om, st)}, {V} {vt}, {V} %pre)")
+        ir.lines.insert(at + 1, f"  %pre = phi {V} [{zero}, %p2.done], [%pre.n, %p3.body]")
+    if grad_z:
+        dzp = ir.gep(dzb, zo)
+        cs = ir.opaque(QC)
+        for f in range(D):
+            acc = ir.mul(xu, ir.weight("%u", D, 0, f))
+            acc = ir.fma(xc, ir.load(cs, D + f), acc)
+            if gated:
+                acc = ir.fma(xw, ir.weight("%wg", D, 0, f), acc)
+            ir.store(acc, dzp, f)
+    ir.emit("br label %p3")
+    ir.label("p3.done")
+    # ū_f, w̄_f, c̄_f = Σ_t x_t z_t[f]: one loop each, D accumulators (phis); ū and w̄_g summed over the lanes
+    # before the next loop, so that only c̄'s accumulators stay live
+    ir.emit(f"%vo = mul i64 %blk.i, {D}")
+    prev = "p3.done"
+    for slot, name in ((XU, "du"),) + (((XW, "dw"),) if gated else ()) + ((XC, "dc"),):
+        ir.emit(f"br label %{name}")
+        ir.label(name)
+        ir.emit(f"%{name}.i = phi i64 [0, %{prev}], [%{name}.n, %{name}.body]")
+        acc = [f"%{name}{f}" for f in range(D)]
+        at = len(ir.lines)
+        ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %T")
+        ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
+        ir.label(f"{name}.body")
+        ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
+        zp, sp, _ = token(name)
+        x = ir.load(sp, slot)
+        zr = ir.opaque(zp)
+        new = [ir.fma(x, ir.load(zr, f), acc[f]) for f in range(D)]
+        ir.emit(f"br label %{name}")
+        ir.lines[at:at] = [f"  {acc[f]} = phi {V} [{zero}, %{prev}], [{new[f]}, %{name}.body]" for f in range(D)]
+        ir.label(f"{name}.done")
+        prev = f"{name}.done"
+        if name != "dc":
+            out = "%gv" if name == "du" else "%gg"
+            for f0 in range(0, D, LANES):
+                part = acc[f0:f0 + LANES]
+                ir.emit(f"%{name}.o{f0} = add i64 %vo, {f0}")
+                _store_lanes(ir, _lane_sums(ir, part), out, f"%{name}.o{f0}", len(part))
+    if not gated:
+        gp = ir.gep("%gg", "%vo")
+        for f in range(D):
+            ir.emit(f"store {ty} 0.0, ptr {ir.gep(gp, f)}")
+    dc = acc
+    # q̄_j = Σ_f W_K[f, j] c̄_f; W̄_K[f, j] = Σ_b c̄_f q_j, W̄_Q[f, j] = Σ_b z_T[f] q̄_j
+    dq = [ir.dot([ir.weight("%Wk", D, f, j) for f in range(D)], dc) for j in range(D)]
+    qs = ir.opaque(QC)
+    zqr = ir.opaque(zqp)
+    ir.emit(f"%wo = mul i64 %blk.i, {D * D}")
+    for f in range(D):
+        for j0 in range(0, D, LANES):
+            js = range(j0, min(D, j0 + LANES))
+            ir.emit(f"%gko{f}_{j0} = add i64 %wo, {f * D + j0}")
+            _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(qs, j)) for j in js]), "%gk", f"%gko{f}_{j0}",
+                         len(js))
+            _store_lanes(ir, _lane_sums(ir, [ir.mul(ir.load(zqr, f), dq[j]) for j in js]), "%gq", f"%gko{f}_{j0}",
+                         len(js))
+    if grad_z:  # the query's cotangent through q (z̄_T += W_Q q̄) and the residual read-out's label slot
+        ir.emit(f"%zqd = getelementptr {ty}, ptr {dzb}, i64 %zqo2")
+        for f in range(D):
+            a = ir.add(ir.load("%zqd", f), ir.dot([ir.weight("%Wq", D, f, j) for j in range(D)], dq))
+            ir.store(ir.add(a, e) if residual and f == label else a, "%zqd", f)
+    ir.emit("br label %blk.end")
+    ir.label("blk.end")
+    ir.emit("br label %blk")
+    ir.label("blk.done")
+    ir.emit("ret void")
+    return ir.text()
+
+
+@functools.cache
+def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int):
+    """The query-loss kernel of :func:`query_loss_ir`, compiled on first use: ``query(Z, y, Wq, Wk, u, wg, B, loss,
+    gq, gk, gv, gg, dZ, first, stop)`` on blocks [first, stop) of Z (blocks, T, D, LANES) with y (blocks, LANES)
+    (spare lanes zero), Wq, Wk (D, D) as the model's, u = (W_V)_{:,label} and w_g (D,), B the prompts (the mean's
+    divisor); writes loss (blocks,), gq, gk (blocks, D, D), gv, gg (blocks, D) and, with ``grad_z``, dZ (Z's shape;
+    ignored without). Releases the GIL (``iclab.threads.run_split`` runs it on threads)."""
+    dtype = np.dtype(dtype)
+    scalar = _TYPES[dtype][2]
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=residual, grad_z=grad_z, label=label),
+                          "query", None, (P,) * 13 + (I, I, I, scalar, scalar))
+
+    def query(Z, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, dZ, first, stop):
+        nb, T = Z.shape[:2]
+        if Z.shape[2:] != (D, LANES) or y.shape != (nb, LANES) or T < 1:
+            raise ValueError(f"blocked tokens must be (blocks, T, {D}, {LANES}) and targets (blocks, {LANES}) "
+                             f"(got {Z.shape}, {y.shape})")
+        if Wq.shape != (D, D) or Wk.shape != (D, D) or u.shape != (D,) or wg.shape != (D,):
+            raise ValueError(f"query weights must be ({D}, {D}) and ({D},)")
+        if (loss.shape != (nb,) or gq.shape != (nb, D, D) or gk.shape != (nb, D, D) or gv.shape != (nb, D)
+                or gg.shape != (nb, D) or (grad_z and dZ.shape != Z.shape)):
+            raise ValueError("query-loss outputs must be per block: (blocks,), (blocks, D, D) x 2, (blocks, D) x 2")
+        SC = np.empty((T * 8 + 2 * D + 1) * LANES, dtype)
+        one = dtype.type(1.0)
+        fn(*(_pointer(a, dtype) for a in (Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg)),
+           _pointer(dZ, dtype) if grad_z else 0, _pointer(SC, dtype), T, first, stop, one / dtype.type(B),
+           dtype.type(2.0) / dtype.type(B))
+
+    return query

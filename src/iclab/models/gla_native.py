@@ -40,6 +40,7 @@ gating.fig1's paper step took 2.1 s, most of it the vector-gated models (``iclab
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -825,26 +826,28 @@ def _blocked_gated_kernels(D: int, dt: np.dtype, grad_z: bool = True):
     return _gated_layer_kernels(D, dt.name, True, blocked=True, grad_z=grad_z)
 
 
-def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg):
+def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg, *, threads: int | None = None):
     """Z + GLA(Z) of one residual layer on blocked tokens (``iclab.models._blocked``); weights as
-    :func:`_host_layer_forward`'s."""
+    :func:`_host_layer_forward`'s; the blocks split over ``threads`` (default ``thread_count()``)."""
     dt = Zb.dtype
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
     O = np.empty_like(Zb)
-    _run_jobs(_blocked_gated_kernels(Zb.shape[2], dt)[0], Zb.shape[0], Zb, WQ, WK, WV, _readonly(wg, dt), O)
+    run_split(_blocked_gated_kernels(Zb.shape[2], dt)[0], Zb.shape[0], Zb, WQ, WK, WV, _readonly(wg, dt), O,
+              threads=threads or thread_count())
     return O
 
 
-def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True):
+def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True, *, threads: int | None = None):
     """(Z̄ (None without ``grad_z``), W̄_q, W̄_k, W̄_v, w̄_g) of one residual layer on blocked tokens, given its output
-    Ob and Ōb (blocked)."""
+    Ob and Ōb (blocked); threads as :func:`_blocked_layer_forward`."""
     dt = Zb.dtype
     nb, _, D, _ = Zb.shape
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
     dZ = np.empty_like(Zb) if grad_z else Zb[:0]
     dW = np.empty((nb, 3, D, D), dt)
     dwg = np.empty((nb, D), dt)
-    _run_jobs(_blocked_gated_kernels(D, dt, grad_z)[1], nb, Zb, WQ, WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg)
+    run_split(_blocked_gated_kernels(D, dt, grad_z)[1], nb, Zb, WQ, WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg,
+              threads=threads or thread_count())
     gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
     return (dZ if grad_z else None), gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
 
@@ -923,6 +926,13 @@ def gated_layer(params: dict, Z: jax.Array) -> jax.Array:
 # A grid of L-layer residual models (eq 25): each model's whole loss in the host call
 
 
+#: A grid call with at least this many models per thread runs whole models on the threads (each model's kernels on
+#: one thread) rather than each model's kernels split over the threads: gating.fig2 calls ≈ 1000 kernels a step on
+#: 256 prompts, where splitting one call costs a hand-off per call, and the Python between kernels (the GIL)
+#: overlaps another model's kernels.
+MODELS_PER_THREAD = 4
+
+
 def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
     """The callback of :func:`multilayer_mse_grid`, with or without a leading seed axis (vmap)."""
 
@@ -935,47 +945,82 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         Z, y, Wq, Wk, Wv, wg = (_readonly(a, dt) for a in arrs)
         S, R, B, _, D = Z.shape
         M, G, L = Wq.shape[1:4]
-        NB = -(-B // CHUNK)
         loss = np.empty((S, M, G), dt)
         grads = [np.zeros((S, M, G, L, D, D), dt) for _ in range(3)] + [np.zeros((S, M, G, L, D), dt)]
-        last = _kernel("scalar", D, dt.name, True)
-        last_blocked = _kernel("scalar", D, dt.name, True, True) if L > 1 else None
-        one = np.zeros(1, np.int64)
-        for s in range(S):
-            for m in range(M):
-                for g in range(G):
-                    T = int(lengths[g])
-                    Z0 = np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])  # (B, T, D): this n̄'s prompts
-                    W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
-                    # the full layers on the blocked layout (each block read and written in place), and the last
-                    # layer's kernel on it too
-                    Zs = [_blocked.to_blocks(Z0)] if L > 1 else [Z0]
-                    for l in range(L - 1):
-                        Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l]))
-                    # the last layer read at the query (residual read-out), its weight gradients and token cotangents
-                    nb = Zs[-1].shape[0] if L > 1 else NB
-                    lo = np.empty((1, 1, 1, nb), dt)
-                    gl = [np.empty((1, 1, 1, nb, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, nb, D, 1), dt),
-                                                                                   np.empty((1, 1, 1, nb, D), dt)]
-                    dZ = np.zeros_like(Zs[-1]) if L > 1 else np.zeros((1, 1, 1, B, T, D), dt)
-                    args = [a[None, None, None] for a in (W[0][-1], W[1][-1], W[2][-1], W[3][-1])]
-                    _run_jobs(last_blocked if L > 1 else last, nb, Zs[-1] if L > 1 else Z0[None, None],
-                              y[s, rows[m]][None, None], np.arange(T)[None], np.asarray([T]), one, *args,
-                              np.zeros((1, 1, 1, D), dt), label, lo, gl[0], gl[1], gl[2], gl[3],
-                              np.zeros((1,) * 5, dt), dZ)
-                    loss[s, m, g] = lo.sum()
-                    grads[0][s, m, g, -1], grads[1][s, m, g, -1] = gl[0].sum(axis=3)[0, 0, 0], gl[1].sum(axis=3)[0, 0, 0]
-                    grads[2][s, m, g, -1, :, label] = gl[2].sum(axis=3)[0, 0, 0, :, 0]
-                    grads[3][s, m, g, -1] = gl[3].sum(axis=3)[0, 0, 0]
-                    for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
-                        dZ, *gw = _blocked_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
-                                                          grad_z=l > 0)  # the first layer reads data
-                        for i in range(4):
-                            grads[i][s, m, g, l] = gw[i]
         out = (loss, *grads)
+        members = [(s, m, g) for s in range(S) for m in range(M) for g in range(G)]
+        threads = thread_count()
+        if threads > 1 and len(members) >= MODELS_PER_THREAD * threads:
+            # the longest prompts first (their cost is ∝ T), each thread taking the next model when done: every
+            # model's arithmetic is the same on any thread, so the result does not depend on the split
+            queue = iter(sorted(members, key=lambda mem: -int(lengths[mem[2]])))
+            lock = threading.Lock()
+
+            def worker(first, stop):
+                while True:
+                    with lock:
+                        member = next(queue, None)
+                    if member is None:
+                        return
+                    _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, 1)
+
+            run_split(worker, threads, threads=threads)
+        else:
+            for member in members:
+                _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, threads)
         return tuple(o if batched else o[0] for o in out)
 
     return call
+
+
+def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int, positions, lengths, rows, out,
+                       threads: int) -> None:
+    """Member (s, m, g) of :func:`_host_multilayer`'s grid: its loss and weight gradients written into ``out``
+    (loss (S, M, G), then W̄_q, W̄_k, W̄_v (S, M, G, L, D, D), w̄_g (S, M, G, L, D)), its kernels on ``threads``."""
+    loss, *grads = out
+    dt = Z.dtype
+    B, D = Z.shape[2], Z.shape[4]
+    L = Wq.shape[3]
+    T = int(lengths[g])
+    W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
+    ir = dt == np.float32 and FLOAT32_LAYERS == "llvm"
+    if ir or L > 1:  # this n̄'s prompts on the blocked layout (each block read and written in place)
+        Zs = [_blocked.to_blocks(Z[s, rows[m]], positions=positions[g, :T])]
+    else:  # the token-layout kernel below reads them from Z (one model: S = R = M = G = 1)
+        Zs = [np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])[None, None]]
+    for l in range(L - 1):
+        Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], threads=threads))
+    # the last layer read at the query (residual read-out), its weight gradients and, below a stream, the token
+    # cotangents
+    if ir:
+        nb = Zs[-1].shape[0]
+        lo, gv, gg = np.empty(nb, dt), np.empty((nb, D), dt), np.empty((nb, D), dt)
+        gq, gk = np.empty((nb, D, D), dt), np.empty((nb, D, D), dt)
+        dZ = np.empty_like(Zs[-1]) if L > 1 else None
+        query = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=L > 1, label=label)
+        run_split(query, nb, Zs[-1], _blocked.lanes(y[s, rows[m]], nb), W[0][-1], W[1][-1],
+                  np.ascontiguousarray(W[2][-1][:, label]), W[3][-1], B, lo, gq, gk, gv, gg, dZ, threads=threads)
+        parts = (gq, gk, gv, gg)
+    else:
+        nb = Zs[-1].shape[0] if L > 1 else -(-B // CHUNK)
+        lo = np.empty((1, 1, 1, nb), dt)
+        gl = [np.empty((1, 1, 1, nb, D, D), dt) for _ in range(2)] + [np.empty((1, 1, 1, nb, D, 1), dt),
+                                                                       np.empty((1, 1, 1, nb, D), dt)]
+        dZ = np.zeros_like(Zs[-1]) if L > 1 else np.zeros((1, 1, 1, B, T, D), dt)
+        args = [a[None, None, None] for a in (W[0][-1], W[1][-1], W[2][-1], W[3][-1])]
+        run_split(_kernel("scalar", D, dt.name, True, L > 1), nb, Zs[-1], y[s, rows[m]][None, None],
+                  np.arange(T)[None], np.asarray([T]), np.zeros(1, np.int64), *args, np.zeros((1, 1, 1, D), dt),
+                  label, lo, gl[0], gl[1], gl[2], gl[3], np.zeros((1,) * 5, dt), dZ, threads=threads)
+        parts = (gl[0][0, 0, 0], gl[1][0, 0, 0], gl[2][0, 0, 0, :, :, 0], gl[3][0, 0, 0])
+    loss[s, m, g] = lo.sum()  # blocks in order
+    grads[0][s, m, g, -1], grads[1][s, m, g, -1] = parts[0].sum(axis=0), parts[1].sum(axis=0)
+    grads[2][s, m, g, -1, :, label] = parts[2].sum(axis=0)
+    grads[3][s, m, g, -1] = parts[3].sum(axis=0)
+    for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
+        dZ, *gw = _blocked_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
+                                          grad_z=l > 0, threads=threads)  # the first layer reads data
+        for i in range(4):
+            grads[i][s, m, g, l] = gw[i]
 
 
 @functools.cache
