@@ -345,3 +345,74 @@ def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_num
         for x, z in zip(a, b):
             assert x.dtype == jnp.float32
             np.testing.assert_allclose(x, z, rtol=0, atol=5e-6 * float(jnp.max(jnp.abs(z))))
+
+
+@pytest.mark.parametrize("kind", ["scalar", "none"])
+def test_query_grid_ir_kernel_equals_the_numba_grid_kernel(kind, monkeypatch):
+    """gla_native.query_mse_grid's kernel for scalar and no gates as IR (jobs (s, m, g, block of 16), each
+    gathering its prompts' tokens): every job's outputs summed as the callback sums them, against the numba
+    kernel (tested against the naive loss) in float64 to rounding; the same bits for 1, 2 and 3 threads; a
+    different label or out-of-range lengths refused."""
+    rng = np.random.default_rng(14)
+    S, R, B, Tmax, M, label = 2, 3, native.LANES + 7, 13, 2, 4
+    pos, lens = gla_native.subsequence_positions([[0, 5, 9, 12], list(range(Tmax)), [3, 4, 12]])
+    G = lens.size
+    Z = 0.7 * rng.standard_normal((S, R, B, Tmax, DG))
+    y = rng.standard_normal((S, R, B))
+    rows = np.array([2, 0])
+    Wq, Wk, Wv = (0.4 * rng.standard_normal((S, M, G, DG, DG)) for _ in range(3))
+    Wg = 1.5 * rng.standard_normal((S, M, G, DG))
+    h = np.zeros((S, M, G, DG))
+
+    def run(kernel, lanes, threads=2):
+        NB = -(-B // lanes)
+        out = [np.full((S, M, G, NB), np.nan), np.full((S, M, G, NB, DG, DG), np.nan),
+               np.full((S, M, G, NB, DG, DG), np.nan), np.full((S, M, G, NB, DG, 1), np.nan),
+               np.full((S, M, G, NB, DG), np.nan), np.zeros((S, M, G, NB, DG))]
+        from iclab.threads import run_split
+        run_split(kernel, S * M * G * NB, Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, *out,
+                  np.zeros((1,) * 5), threads=threads)
+        return [o.sum(axis=3) for o in out[:5]]
+
+    ref = run(gla_native._kernel(kind, DG, "float64"), gla_native.CHUNK)
+    ir = _layer_ir.query_grid_kernel(DG, np.float64, gated=kind == "scalar", label=label)
+    outs = [run(ir, native.LANES, threads=n) for n in (1, 2, 3)]
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(outs[0], ref):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="label"):
+        ir(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label + 1, *[None] * 7, 0, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        NB = -(-B // native.LANES)
+        ir(Z, y, pos, lens + Tmax, rows, Wq, Wk, Wv, Wg, h, label, np.empty((S, M, G, NB)),
+           np.empty((S, M, G, NB, DG, DG)), np.empty((S, M, G, NB, DG, DG)), np.empty((S, M, G, NB, DG, 1)),
+           np.empty((S, M, G, NB, DG)), None, None, 0, 1)
+
+
+def test_query_mse_grid_in_float32_runs_the_ir_kernel_and_agrees_with_numba(monkeypatch):
+    """gla_native.query_mse_grid in float32, scalar gates: the IR grid kernel unless FLOAT32_LAYERS says numba (vector
+    gates keep numba's); losses and gradients the same to float32 rounding."""
+    rng = np.random.default_rng(15)
+    R, B, T, M, G = 2, native.LANES + 5, 9, 2, 3
+    Z = jnp.asarray((0.6 * rng.standard_normal((R, B, T, DG))).astype(np.float32))
+    y = jnp.asarray(rng.standard_normal((R, B)).astype(np.float32))
+    pos, lens = gla_native.subsequence_positions([[0, 2, 5, 8], list(range(T)), [1, 8]])
+    P = {k: jnp.asarray((0.4 * rng.standard_normal((M, G) + sh)).astype(np.float32))
+         for k, sh in (("Wq", (DG, DG)), ("Wk", (DG, DG)), ("Wv", (DG, DG)), ("w_g", (DG,)))}
+    used, kernels = [], _layer_ir.query_grid_kernel
+    monkeypatch.setattr(_layer_ir, "query_grid_kernel", lambda *a, **k: used.append(k) or kernels(*a, **k))
+    got = {}
+    for family in ("llvm", "numba"):
+        monkeypatch.setattr(gla_native, "FLOAT32_LAYERS", family)
+
+        def loss(P):
+            return jnp.sum(gla_native.query_mse_grid(P, Z, y, positions=pos, lengths=lens, rows=[1, 0], label=3))
+
+        got[family] = jax.value_and_grad(loss)(P)
+        assert bool(used) == (family == "llvm")
+        used.clear()
+    for x, z in zip(*(jax.tree_util.tree_leaves(got[f]) for f in ("llvm", "numba"))):
+        assert x.dtype == jnp.float32
+        np.testing.assert_allclose(x, z, rtol=0, atol=5e-6 * float(jnp.max(jnp.abs(z))))

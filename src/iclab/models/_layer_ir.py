@@ -87,6 +87,11 @@ class _Builder:
         self.emit(f"{r} = fadd {self.V} {a}, {b}")
         return r
 
+    def gep_i64(self, base: str, offset) -> str:
+        r = self.tmp()
+        self.emit(f"{r} = getelementptr i64, ptr {base}, i64 {offset}")
+        return r
+
     def gep(self, base: str, offset) -> str:
         r = self.tmp()
         self.emit(f"{r} = getelementptr {self.ty}, ptr {base}, i64 {offset}")
@@ -541,6 +546,23 @@ def _lane_sums(ir: _Builder, vectors: list[str]) -> str:
     return cur[0]
 
 
+def _gather(ir: _Builder, base: str, offsets: str, mask: str) -> str:
+    """The LANES values at base[offsets] (a <LANES x i32> vector: one 16-lane gather instruction, where 64-bit
+    offsets take two), zero where ``mask`` is false."""
+    p, r = ir.tmp(), ir.tmp()
+    ir.emit(f"{p} = getelementptr {ir.ty}, ptr {base}, <{LANES} x i32> {offsets}")
+    ir.emit(f"{r} = call {ir.V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr> {p}, i32 4, "
+            f"<{LANES} x i1> {mask}, {ir.V} zeroinitializer)")
+    return r
+
+
+def _splat_i64(ir: _Builder, scalar: str) -> str:
+    i, r = ir.tmp(), ir.tmp()
+    ir.emit(f"{i} = insertelement <{LANES} x i64> undef, i64 {scalar}, i32 0")
+    ir.emit(f"{r} = shufflevector <{LANES} x i64> {i}, <{LANES} x i64> undef, <{LANES} x i32> zeroinitializer")
+    return r
+
+
 def _store_lanes(ir: _Builder, vector: str, base: str, offset: str, count: int) -> None:
     """base[offset + i] = lane i of the vector, i < count."""
     p = ir.gep(base, offset)
@@ -553,7 +575,8 @@ def _store_lanes(ir: _Builder, vector: str, base: str, offset: str, count: int) 
         ir.emit(f"store {ir.ty} {x}, ptr {ir.gep(p, i)}")
 
 
-def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int) -> str:
+def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int,
+                  grid: bool = False) -> str:
     """IR of ``query(Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg, dZ, SC, T, first, stop, inv_B, two_inv_B)``: the
     query-loss kernel of ``gla_native`` (its module docstring: ŷ = [z_T[label] +] Σ_t ω_t s_t v_t, s_t = z_tᵀc,
     c = W_K W_Qᵀ z_T, v_t = z_tᵀu with u = (W_V)_{:,label}, ω_t = Π_{u>t} φ(w_gᵀz_u) or 1) for blocks [first, stop)
@@ -566,25 +589,94 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     the block's prompts, in registers: pass 1 (t ascending) s_t, v_t and the gates; pass 2 (descending) ω_t and ŷ;
     pass 3 (ascending) the rows' cotangents c̄_t = e ω_t v_t, ū_t = e ω_t s_t, w̄_t = e φ(−a_t) P_t (P_t the prefix
     sum of ω s v) and z̄_t; then c̄ = Σ_t c̄_t z_t, ū, w̄_g likewise, one loop each with D accumulators; W̄_K = Σ_b c̄ qᵀ
-    and W̄_Q = Σ_b z_T q̄ᵀ, q̄ = W_Kᵀ c̄, summed over the lanes 16 at a time (:func:`_lane_sums`)."""
+    and W̄_Q = Σ_b z_T q̄ᵀ, q̄ = W_Kᵀ c̄, summed over the lanes 16 at a time (:func:`_lane_sums`).
+
+    ``grid``: the kernel of a grid of one-layer models on the token layout, ``query(Z, y, pos, lens, rows, Wq, Wk,
+    Wv, Wg, loss, gq, gk, gv, gg, SC, R, B, Tmax, M, G, first, stop, inv_B, two_inv_B)`` with the numba kernel's
+    operands (Z (S, R, B, Tmax, D), y (S, R, B), weights (S, M, G, …); no residual read-out, no z̄) and its jobs
+    (s, m, g, block) of LANES prompts, outputs per job; each job first gathers its prompts' tokens
+    ``pos[g, :lens[g]]`` into a blocked scratch after SC's other slots (masked gathers), then runs the passes
+    above."""
     if grad_z and not residual:
         raise ValueError("token cotangents are those of a residual stream's last layer")
+    if grid and residual:
+        raise ValueError("the grid kernel reads one-layer models (no residual read-out)")
     ir = _Builder(dtype)
     V, zero, ty = ir.V, "zeroinitializer", ir.ty
-    ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %Wq, ptr noalias %Wk, "
-                    f"ptr noalias %u, ptr noalias %wg, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, "
-                    f"ptr noalias %gv, ptr noalias %gg, ptr noalias %dZ, ptr noalias %SC, i64 %T, i64 %first, "
-                    f"i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
+    if grid:
+        IV = f"<{LANES} x i64>"
+        ir.lines += [f"declare {V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr>, i32, "
+                     f"<{LANES} x i1>, {V})"]
+        ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %pos, ptr noalias %lens, "
+                        f"ptr noalias %rows, ptr noalias %WqA, ptr noalias %WkA, ptr noalias %WvA, ptr noalias %WgA, "
+                        f"ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, ptr noalias %gv, ptr noalias %gg, "
+                        f"ptr noalias %SC, i64 %R, i64 %B, i64 %Tmax, i64 %M, i64 %G, i64 %first, i64 %stop, "
+                        f"{ty} %inv_B, {ty} %two_inv_B) {{")
+    else:
+        ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %Wq, ptr noalias %Wk, "
+                        f"ptr noalias %u, ptr noalias %wg, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, "
+                        f"ptr noalias %gv, ptr noalias %gg, ptr noalias %dZ, ptr noalias %SC, i64 %T, i64 %first, "
+                        f"i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
     ST, VT, GT, SM, OM, XC, XU, XW = range(8)  # the scratch's per-token slots
     ir.label("entry")
     one = ir.splat("1.0")
-    ir.emit(f"%qc = mul i64 %T, {8 * LANES}")  # q and c after the per-token slots
+    ir.emit(f"%qc = mul i64 {'%Tmax' if grid else '%T'}, {8 * LANES}")  # q and c after the per-token slots
     QC = ir.gep("%SC", "%qc")
+    if grid:
+        ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
+        ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
+        ir.emit(f"%zbo = add i64 %qc, {(2 * D + 1) * LANES}")  # the job's blocked tokens after the loss's slot
+        ir.emit(f"%zrow = mul i64 %Tmax, {D}")  # Z's stride between prompts
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
-    ir.emit("%boff = mul i64 %blk.i, %T")
-    ir.emit(f"%base = mul i64 %boff, {D * LANES}")
-    zb = ir.gep("%Z", "%base")
+    if grid:  # job = ((s·M + m)·G + g)·NB + block, as the numba kernel's
+        lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+        for line in ("%jb = urem i64 %blk.i, %NB", "%j1 = udiv i64 %blk.i, %NB", "%jg = urem i64 %j1, %G",
+                     "%j2 = udiv i64 %j1, %G", "%jm = urem i64 %j2, %M", "%js = udiv i64 %j2, %M",
+                     "%mo = mul i64 %js, %M", "%mo2 = add i64 %mo, %jm", "%mo3 = mul i64 %mo2, %G",
+                     "%model = add i64 %mo3, %jg"):
+            ir.emit(line)
+        ir.emit(f"%T = load i64, ptr {ir.gep_i64('%lens', '%jg')}")
+        ir.emit(f"%r = load i64, ptr {ir.gep_i64('%rows', '%jm')}")
+        ir.emit(f"%b0 = mul i64 %jb, {LANES}")
+        ir.emit("%rem = sub i64 %B, %b0")
+        ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
+        ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
+        ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
+        ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+        ir.emit(f"%yoff = trunc {IV} %prompt to <{LANES} x i32>")
+        ir.emit("%sr = mul i64 %js, %R")
+        ir.emit("%sr2 = add i64 %sr, %r")
+        ir.emit("%yrow = mul i64 %sr2, %B")  # y[s, r, :] and Z[s, r] (times Tmax·D)
+        ir.emit("%zro = mul i64 %yrow, %zrow")
+        ir.emit(f"%wo0 = mul i64 %model, {D * D}")
+        ir.emit(f"%wv0 = add i64 %wo0, {label}")
+        ir.emit(f"%go0 = mul i64 %model, {D}")
+        for name, base, off in (("%Wq", "%WqA", "%wo0"), ("%Wk", "%WkA", "%wo0"), ("%u", "%WvA", "%wv0"),
+                                ("%wg", "%WgA", "%go0")):
+            ir.emit(f"{name} = getelementptr {ty}, ptr {base}, i64 {off}")
+        ir.emit("%pg = mul i64 %jg, %Tmax")
+        zb = ir.gep("%SC", "%zbo")
+        zrowp = ir.gep("%Z", "%zro")
+        ir.emit("br label %gz")
+        _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
+        ir.emit("%gz.pi = add i64 %pg, %gz.i")
+        ir.emit(f"%gz.p = load i64, ptr {ir.gep_i64('%pos', '%gz.pi')}")
+        ir.emit(f"%gz.po = mul i64 %gz.p, {D}")
+        src = ir.gep(zrowp, "%gz.po")
+        ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
+        dst = ir.gep(zb, "%gz.zo")
+        for f in range(D):
+            ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
+        ir.emit("br label %gz")
+        ir.label("gz.done")
+        yv = _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
+        first_pass = "gz.done"
+    else:
+        ir.emit("%boff = mul i64 %blk.i, %T")
+        ir.emit(f"%base = mul i64 %boff, {D * LANES}")
+        zb = ir.gep("%Z", "%base")
+        first_pass = "blk.body"
     dzb = ir.gep("%dZ", "%base") if grad_z else None
     ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
     ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
@@ -597,18 +689,21 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.store(x, QC, i)
     ir.emit("br label %p1")
 
+    def u_at(f):  # u = (W_V)_{:,label}: a column of the model's W_V in the grid, a vector of its own otherwise
+        return ir.weight("%u", D, f, 0) if grid else ir.weight("%u", D, 0, f)
+
     def token(loop):
         ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {8 * LANES}")
         return ir.gep(zb, f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
 
     # pass 1: s_t = c·z_t, v_t = u·z_t, the gates of a_t = w_g·z_t
-    _loop_head(ir, "p1", "blk.body", "p1.body", "0", 1, "%T")
+    _loop_head(ir, "p1", first_pass, "p1.body", "0", 1, "%T")
     zp, sp, _ = token("p1")
     z = [ir.load(zp, f) for f in range(D)]
     cs = ir.opaque(QC)
     ir.store(ir.dot([ir.load(cs, D + f) for f in range(D)], z), sp, ST)
-    ir.store(ir.dot([ir.weight("%u", D, 0, f) for f in range(D)], z), sp, VT)
+    ir.store(ir.dot([u_at(f) for f in range(D)], z), sp, VT)
     if gated:
         g, sm = _gates(ir, z, D)
         ir.store(g, sp, GT)
@@ -637,8 +732,10 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.emit(f"%ob.n = fadd {V} %ob, {zero}")
     ir.emit("br label %p2")
     ir.label("p2.done")
-    ir.emit(f"%yo = mul i64 %blk.i, {LANES}")
-    err = _sub(ir, "%yh", ir.load(ir.gep("%y", "%yo"), 0))
+    if not grid:
+        ir.emit(f"%yo = mul i64 %blk.i, {LANES}")
+        yv = ir.load(ir.gep("%y", "%yo"), 0)
+    err = _sub(ir, "%yh", yv)
     ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")  # the loss's scratch slot, after q and c
     ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
     ls, lsc = ir.tmp(), ir.tmp()
@@ -665,7 +762,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         dzp = ir.gep(dzb, zo)
         cs = ir.opaque(QC)
         for f in range(D):
-            acc = ir.mul(xu, ir.weight("%u", D, 0, f))
+            acc = ir.mul(xu, u_at(f))
             acc = ir.fma(xc, ir.load(cs, D + f), acc)
             if gated:
                 acc = ir.fma(xw, ir.weight("%wg", D, 0, f), acc)
@@ -761,3 +858,41 @@ def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: boo
            dtype.type(2.0) / dtype.type(B))
 
     return query
+
+
+@functools.cache
+def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
+    """:func:`query_loss_ir` with ``grid``, compiled on first use, with the numba grid kernel's signature
+    (``gla_native._COMMON``): ``kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh,
+    dZ, first, stop)`` over jobs (s, m, g, block) of LANES prompts, outputs per job (loss (S, M, G, NB), gq, gk
+    (…, NB, D, D), gv (…, NB, D, 1), gg (…, NB, D), NB = ⌈B / LANES⌉); h, gh, dZ unused (no head, no residual
+    read-out), ``label`` fixed at compilation (checked)."""
+    dtype = np.dtype(dtype)
+    scalar = _TYPES[dtype][2]
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=False, grad_z=False, label=label, grid=True),
+                          "query", None, (P,) * 15 + (I,) * 7 + (scalar, scalar))
+
+    def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label_, loss, gq, gk, gv, gg, gh, dZ, first, stop):
+        S, R, B, Tmax, _ = Z.shape
+        M, G = rows.shape[0], lens.shape[0]
+        NB = -(-B // LANES)
+        if label_ != label or Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
+            raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax), label {label}")
+        for a, tail in ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D,))):
+            if a.shape != (S, M, G) + tail:
+                raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {a.shape})")
+        for a, tail in ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, 1)), (gg, (D,))):
+            if a.shape != (S, M, G, NB) + tail:
+                raise ValueError(f"grid outputs must be (S, M, G, {NB}) + {tail} per job (got {a.shape})")
+        if np.any(lens < 1) or np.any(lens > Tmax) or np.any(rows < 0) or np.any(rows >= R):
+            raise ValueError("grid lengths or rows out of range")
+        if B * Tmax * D >= 2 ** 31:  # the gathers' 32-bit offsets within one row of Z
+            raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {Tmax} x {D})")
+        SC = np.empty((Tmax * (8 + D) + 2 * D + 1) * LANES, dtype)
+        index = (np.dtype(np.int64),)
+        fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index[0]) for a in (pos, lens, rows)),
+           *(_pointer(a, dtype) for a in (Wq, Wk, Wv, Wg, loss, gq, gk, gv, gg, SC)), R, B, Tmax, M, G, first, stop,
+           dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
+
+    return kernel

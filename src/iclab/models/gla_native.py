@@ -482,15 +482,18 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
         Z, y, Wq, Wk, Wv, Wg, h = (_readonly(a, dt) for a in arrs)
         S, R, B, _, D = Z.shape
         M, G = Wq.shape[1:3]
-        NB = -(-B // CHUNK)
+        ir = dt == np.float32 and FLOAT32_LAYERS == "llvm" and kind != "vector"
+        kernel = (_layer_ir.query_grid_kernel(D, dt, gated=kind == "scalar", label=label) if ir
+                  else _kernel(kind, D, dt.name))
+        NB = -(-B // (_blocked.LANES if ir else CHUNK))
         loss = np.empty((S, M, G, NB), dt)
         gq = np.empty((S, M, G, NB, D, D), dt)
         gk = np.empty_like(gq)
         gv = np.empty((S, M, G, NB, D, D if kind == "vector" else 1), dt)
         gg = np.empty((S, M, G, NB) + Wg.shape[3:], dt)
         gh = (np.empty if kind == "vector" else np.zeros)((S, M, G, NB, D), dt)  # only a head has a gradient
-        _run_jobs(_kernel(kind, D, dt.name), S * M * G * NB, Z, y, positions, lengths, rows, Wq, Wk, Wv, Wg, h,
-                  label, loss, gq, gk, gv, gg, gh, _NO_DZ[dt.name])
+        _run_jobs(kernel, S * M * G * NB, Z, y, positions, lengths, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv,
+                  gg, gh, _NO_DZ[dt.name])
         out = [loss.sum(axis=3), gq.sum(axis=3), gk.sum(axis=3)]  # blocks in order
         gv = gv.sum(axis=3)
         if kind != "vector":  # only the label column of W_V is read
@@ -813,10 +816,12 @@ def _gated_layer_kernels(D: int, dtype: str, residual: bool = False, *, blocked:
                            fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
-#: Which kernels run float32 full layers on the blocked layout (``multilayer_mse_grid``): "llvm"
-#: (``iclab.models._layer_ir.gated_layer_kernels``, the same arithmetic with its vectors kept in registers) or
-#: "numba" (``_gated_layer_source``, their twin in the tests). float64 always runs numba's (the IR ones are no
-#: faster there: 16 doubles are two vector registers).
+#: Which kernels run float32 grids: "llvm" (``iclab.models._layer_ir``: the full layers on the blocked layout
+#: (``gated_layer_kernels``), the last layer's query read-out of ``multilayer_mse_grid`` (``query_loss_kernel``)
+#: and ``query_mse_grid``'s kernel for scalar and no gates (``query_grid_kernel``): the same arithmetic with its
+#: vectors kept in registers) or "numba" (``_gated_layer_source``, ``_source``: their twins in the tests; vector
+#: gates always). float64 always runs numba's (the IR ones are no faster there: 16 doubles are two vector
+#: registers).
 FLOAT32_LAYERS = "llvm"
 
 
