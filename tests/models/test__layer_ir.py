@@ -391,18 +391,21 @@ def test_query_grid_ir_kernel_equals_the_numba_grid_kernel(kind, monkeypatch):
            np.empty((S, M, G, NB, DG)), None, None, 0, 1)
 
 
-def test_query_mse_grid_in_float32_runs_the_ir_kernel_and_agrees_with_numba(monkeypatch):
-    """gla_native.query_mse_grid in float32, scalar gates: the IR grid kernel unless FLOAT32_LAYERS says numba (vector
-    gates keep numba's); losses and gradients the same to float32 rounding."""
+@pytest.mark.parametrize("gates", ["scalar", "vector"])
+def test_query_mse_grid_in_float32_runs_the_ir_kernel_and_agrees_with_numba(gates, monkeypatch):
+    """gla_native.query_mse_grid in float32 with scalar gates, and vector gates with a head: the IR grid kernels
+    unless FLOAT32_LAYERS says numba; losses and gradients the same to float32 rounding."""
     rng = np.random.default_rng(15)
     R, B, T, M, G = 2, native.LANES + 5, 9, 2, 3
     Z = jnp.asarray((0.6 * rng.standard_normal((R, B, T, DG))).astype(np.float32))
     y = jnp.asarray(rng.standard_normal((R, B)).astype(np.float32))
     pos, lens = gla_native.subsequence_positions([[0, 2, 5, 8], list(range(T)), [1, 8]])
-    P = {k: jnp.asarray((0.4 * rng.standard_normal((M, G) + sh)).astype(np.float32))
-         for k, sh in (("Wq", (DG, DG)), ("Wk", (DG, DG)), ("Wv", (DG, DG)), ("w_g", (DG,)))}
-    used, kernels = [], _layer_ir.query_grid_kernel
-    monkeypatch.setattr(_layer_ir, "query_grid_kernel", lambda *a, **k: used.append(k) or kernels(*a, **k))
+    shapes = (("Wq", (DG, DG)), ("Wk", (DG, DG)), ("Wv", (DG, DG)))
+    shapes += (("w_g", (DG,)),) if gates == "scalar" else (("W_g", (DG, DG)), ("h", (DG,)))
+    P = {k: jnp.asarray((0.4 * rng.standard_normal((M, G) + sh)).astype(np.float32)) for k, sh in shapes}
+    name = "query_grid_kernel" if gates == "scalar" else "vector_grid_kernel"
+    used, kernels = [], getattr(_layer_ir, name)
+    monkeypatch.setattr(_layer_ir, name, lambda *a, **k: used.append(a) or kernels(*a, **k))
     got = {}
     for family in ("llvm", "numba"):
         monkeypatch.setattr(gla_native, "FLOAT32_LAYERS", family)
@@ -416,3 +419,73 @@ def test_query_mse_grid_in_float32_runs_the_ir_kernel_and_agrees_with_numba(monk
     for x, z in zip(*(jax.tree_util.tree_leaves(got[f]) for f in ("llvm", "numba"))):
         assert x.dtype == jnp.float32
         np.testing.assert_allclose(x, z, rtol=0, atol=5e-6 * float(jnp.max(jnp.abs(z))))
+
+
+def test_vector_grid_ir_kernel_equals_the_numba_vector_kernel(monkeypatch):
+    """Vector gates and a head (gla_native._VECTOR_KERNEL's grid) as IR: every output summed over the jobs as the
+    callback sums them, against numba's (tested against the naive loss) in float64 to rounding (the exponential
+    is llvm.exp there), in float32 to float32 rounding (the exponential inline); 1, 2 and 3 threads the same bits;
+    query_mse_grid in float32 uses it unless FLOAT32_LAYERS says numba."""
+    rng = np.random.default_rng(16)
+    S, R, B, Tmax, M = 2, 3, native.LANES + 7, 13, 2
+    pos, lens = gla_native.subsequence_positions([[0, 5, 9, 12], list(range(Tmax)), [3, 4, 12]])
+    G = lens.size
+    rows = np.array([2, 0])
+
+    def case(dt):
+        Z = (0.7 * rng.standard_normal((S, R, B, Tmax, DG))).astype(dt)
+        y = rng.standard_normal((S, R, B)).astype(dt)
+        W = [(0.4 * rng.standard_normal((S, M, G, DG, DG))).astype(dt) for _ in range(3)]
+        Wg = (2.0 * rng.standard_normal((S, M, G, DG, DG))).astype(dt)  # gates near saturation too
+        return Z, y, W, Wg, (0.5 * rng.standard_normal((S, M, G, DG))).astype(dt)
+
+    def run(kernel, lanes, args, threads=2):
+        Z, y, W, Wg, h = args
+        dt = Z.dtype
+        NB = -(-B // lanes)
+        out = [np.full((S, M, G, NB), np.nan, dt)] + [np.full((S, M, G, NB, DG, DG), np.nan, dt) for _ in range(4)]
+        out.append(np.full((S, M, G, NB, DG), np.nan, dt))
+        from iclab.threads import run_split
+        run_split(kernel, S * M * G * NB, Z, y, pos, lens, rows, *W, Wg, h, 0, *out, np.zeros((1,) * 5, dt),
+                  threads=threads)
+        return [o.sum(axis=3) for o in out]
+
+    for dt, tol in ((np.float64, 1e-13), (np.float32, 2e-6)):
+        args = case(dt)
+        ref = run(gla_native._kernel("vector", DG, np.dtype(dt).name), gla_native.CHUNK, args)
+        ir = _layer_ir.vector_grid_kernel(DG, dt)
+        outs = [run(ir, native.LANES, args, threads=n) for n in (1, 2, 3)]
+        for other in outs[1:]:
+            for a, b in zip(outs[0], other):
+                np.testing.assert_array_equal(a, b)
+        for a, b in zip(outs[0], ref):
+            assert a.dtype == dt
+            np.testing.assert_allclose(a, b, rtol=0, atol=tol * float(np.abs(b).max()))
+
+
+def test_inline_exponential_is_within_two_ulp():
+    """The vector gates' float32 e^x (x ≤ 0) against e^x in float64: relative error below 2 ulp (2⁻²³) down to
+    x = −87, and below 2·10⁻³⁸ absolute beyond."""
+    import ctypes
+
+    from iclab._llvm import compile_function
+
+    ir = _layer_ir._Builder(np.float32)
+    ir.lines.append("define void @f(ptr noalias %X, ptr noalias %Y, i64 %n) {")
+    ir.label("entry")
+    ir.emit("br label %l")
+    _layer_ir._loop_head(ir, "l", "entry", "l.body", "0", 1, "%n")
+    ir.emit(f"%o = mul i64 %l.i, {native.LANES}")
+    ir.store(_layer_ir._exp_nonpositive(ir, ir.load(ir.gep("%X", "%o"), 0)), ir.gep("%Y", "%o"), 0)
+    ir.emit("br label %l")
+    ir.label("l.done")
+    ir.emit("ret void")
+    f = compile_function(ir.text(), "f", None, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64))
+    x = -np.concatenate([np.linspace(0.0, 100.0, 160_000), np.abs(np.random.default_rng(17).standard_normal(160_000))])
+    x = x.astype(np.float32)
+    y = np.empty_like(x)
+    f(x.ctypes.data, y.ctypes.data, x.size // native.LANES)
+    ref = np.exp(x.astype(np.float64))
+    normal = x >= -87
+    assert np.max(np.abs(y[normal] - ref[normal]) / ref[normal]) < 2 * 2.0 ** -23
+    assert np.max(np.abs(y[~normal] - ref[~normal])) < 2e-38

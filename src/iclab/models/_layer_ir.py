@@ -51,7 +51,9 @@ class _Builder:
         self.fma_name = f"llvm.fma.v{LANES}{suffix}"
         self.lines = [f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})",
                       f"declare {self.V} @llvm.exp.v{LANES}{suffix}({self.V})",
-                      f"declare {self.V} @llvm.fabs.v{LANES}{suffix}({self.V})"]
+                      f"declare {self.V} @llvm.fabs.v{LANES}{suffix}({self.V})",
+                      f"declare {self.V} @llvm.maxnum.v{LANES}{suffix}({self.V}, {self.V})",
+                      f"declare {self.V} @llvm.rint.v{LANES}{suffix}({self.V})"]
         self.suffix = suffix
         self._n = itertools.count()
         self._opaque = {}
@@ -575,6 +577,54 @@ def _store_lanes(ir: _Builder, vector: str, base: str, offset: str, count: int) 
         ir.emit(f"store {ir.ty} {x}, ptr {ir.gep(p, i)}")
 
 
+def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
+    """The start of a grid kernel's job (in the block after ``blk.body``): job = ((s·M + m)·G + g)·NB + block, as
+    the numba kernels'; %T = lens[g]; the model's weight pointers (``pointers``: (name, argument, entries per
+    model, offset)); the job's prompts' tokens ``pos[g, :T]`` gathered into the scratch at %zbo (T, D, LANES), the
+    spare lanes zero. Needs %NB, %zrow (= Tmax·D) and %zbo from the entry block. Returns (that scratch's pointer,
+    the targets y[s, r, block] as a vector); ends in the block ``gz.done``."""
+    IV, ty = f"<{LANES} x i64>", ir.ty
+    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+    for line in ("%jb = urem i64 %blk.i, %NB", "%j1 = udiv i64 %blk.i, %NB", "%jg = urem i64 %j1, %G",
+                 "%j2 = udiv i64 %j1, %G", "%jm = urem i64 %j2, %M", "%js = udiv i64 %j2, %M",
+                 "%mo = mul i64 %js, %M", "%mo2 = add i64 %mo, %jm", "%mo3 = mul i64 %mo2, %G",
+                 "%model = add i64 %mo3, %jg"):
+        ir.emit(line)
+    ir.emit(f"%T = load i64, ptr {ir.gep_i64('%lens', '%jg')}")
+    ir.emit(f"%r = load i64, ptr {ir.gep_i64('%rows', '%jm')}")
+    ir.emit(f"%b0 = mul i64 %jb, {LANES}")
+    ir.emit("%rem = sub i64 %B, %b0")
+    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
+    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
+    ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
+    ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+    ir.emit(f"%yoff = trunc {IV} %prompt to <{LANES} x i32>")
+    ir.emit("%sr = mul i64 %js, %R")
+    ir.emit("%sr2 = add i64 %sr, %r")
+    ir.emit("%yrow = mul i64 %sr2, %B")  # y[s, r, :] and Z[s, r] (times Tmax·D)
+    ir.emit("%zro = mul i64 %yrow, %zrow")
+    for i, (name, base, size, offset) in enumerate(pointers):
+        ir.emit(f"%wo{i} = mul i64 %model, {size}")
+        ir.emit(f"%wp{i} = add i64 %wo{i}, {offset}")
+        ir.emit(f"{name} = getelementptr {ty}, ptr {base}, i64 %wp{i}")
+    ir.emit("%pg = mul i64 %jg, %Tmax")
+    zb = ir.gep("%SC", "%zbo")
+    zrowp = ir.gep("%Z", "%zro")
+    ir.emit("br label %gz")
+    _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
+    ir.emit("%gz.pi = add i64 %pg, %gz.i")
+    ir.emit(f"%gz.p = load i64, ptr {ir.gep_i64('%pos', '%gz.pi')}")
+    ir.emit(f"%gz.po = mul i64 %gz.p, {D}")
+    src = ir.gep(zrowp, "%gz.po")
+    ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
+    dst = ir.gep(zb, "%gz.zo")
+    for f in range(D):
+        ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
+    ir.emit("br label %gz")
+    ir.label("gz.done")
+    return zb, _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
+
+
 def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int,
                   grid: bool = False) -> str:
     """IR of ``query(Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg, dZ, SC, T, first, stop, inv_B, two_inv_B)``: the
@@ -629,48 +679,9 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.emit(f"%zrow = mul i64 %Tmax, {D}")  # Z's stride between prompts
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
-    if grid:  # job = ((s·M + m)·G + g)·NB + block, as the numba kernel's
-        lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
-        for line in ("%jb = urem i64 %blk.i, %NB", "%j1 = udiv i64 %blk.i, %NB", "%jg = urem i64 %j1, %G",
-                     "%j2 = udiv i64 %j1, %G", "%jm = urem i64 %j2, %M", "%js = udiv i64 %j2, %M",
-                     "%mo = mul i64 %js, %M", "%mo2 = add i64 %mo, %jm", "%mo3 = mul i64 %mo2, %G",
-                     "%model = add i64 %mo3, %jg"):
-            ir.emit(line)
-        ir.emit(f"%T = load i64, ptr {ir.gep_i64('%lens', '%jg')}")
-        ir.emit(f"%r = load i64, ptr {ir.gep_i64('%rows', '%jm')}")
-        ir.emit(f"%b0 = mul i64 %jb, {LANES}")
-        ir.emit("%rem = sub i64 %B, %b0")
-        ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
-        ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
-        ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
-        ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
-        ir.emit(f"%yoff = trunc {IV} %prompt to <{LANES} x i32>")
-        ir.emit("%sr = mul i64 %js, %R")
-        ir.emit("%sr2 = add i64 %sr, %r")
-        ir.emit("%yrow = mul i64 %sr2, %B")  # y[s, r, :] and Z[s, r] (times Tmax·D)
-        ir.emit("%zro = mul i64 %yrow, %zrow")
-        ir.emit(f"%wo0 = mul i64 %model, {D * D}")
-        ir.emit(f"%wv0 = add i64 %wo0, {label}")
-        ir.emit(f"%go0 = mul i64 %model, {D}")
-        for name, base, off in (("%Wq", "%WqA", "%wo0"), ("%Wk", "%WkA", "%wo0"), ("%u", "%WvA", "%wv0"),
-                                ("%wg", "%WgA", "%go0")):
-            ir.emit(f"{name} = getelementptr {ty}, ptr {base}, i64 {off}")
-        ir.emit("%pg = mul i64 %jg, %Tmax")
-        zb = ir.gep("%SC", "%zbo")
-        zrowp = ir.gep("%Z", "%zro")
-        ir.emit("br label %gz")
-        _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
-        ir.emit("%gz.pi = add i64 %pg, %gz.i")
-        ir.emit(f"%gz.p = load i64, ptr {ir.gep_i64('%pos', '%gz.pi')}")
-        ir.emit(f"%gz.po = mul i64 %gz.p, {D}")
-        src = ir.gep(zrowp, "%gz.po")
-        ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
-        dst = ir.gep(zb, "%gz.zo")
-        for f in range(D):
-            ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
-        ir.emit("br label %gz")
-        ir.label("gz.done")
-        yv = _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
+    if grid:
+        zb, yv = _grid_job(ir, D, (("%Wq", "%WqA", D * D, 0), ("%Wk", "%WkA", D * D, 0),
+                                   ("%u", "%WvA", D * D, label), ("%wg", "%WgA", D, 0)))
         first_pass = "gz.done"
     else:
         ir.emit("%boff = mul i64 %blk.i, %T")
@@ -894,5 +905,289 @@ def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
         fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index[0]) for a in (pos, lens, rows)),
            *(_pointer(a, dtype) for a in (Wq, Wk, Wv, Wg, loss, gq, gk, gv, gg, SC)), R, B, Tmax, M, G, first, stop,
            dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------
+# Vector gates: gla_native's grid kernel for φ(W_g z) gates and a head (``gla_native._VECTOR_KERNEL``)
+
+#: Taylor coefficients 1/k! of e^r, k = 7..0 (Horner's order): on |r| ≤ ln 2 / 2 the truncation error is below
+#: 0.35⁸/8! ≈ 6·10⁻⁹, a tenth of float32's half ulp.
+_EXP_TAYLOR = tuple(1.0 / float(np.prod(np.arange(1, k + 1, dtype=float))) for k in range(7, -1, -1))
+_EXP_CONSTANTS = (-87.0, 1.4426950408889634, 0.693145751953125, 1.4286068203094172e-06) + _EXP_TAYLOR
+
+
+def _hex(value: float) -> str:
+    """A float32 constant in LLVM's exact form (the double whose value is the float32 rounding)."""
+    return "0x%016X" % np.float64(np.float32(value)).view(np.uint64)
+
+
+def _exp_nonpositive(ir: _Builder, x: str) -> str:
+    """e^x for float32 lanes x ≤ 0, inline (``llvm.exp`` is 16 calls of the scalar ``expf`` per vector, and the
+    vector gates need D of them per token): x = n ln 2 + r (n = round(x / ln 2), ln 2 split in two so that n ln 2's
+    leading part is exact), e^r by its Taylor polynomial, times 2ⁿ built in the exponent bits; x is raised to −87
+    first (e^−87 ≈ 1.6·10⁻³⁸), so a smaller x gives e^−87, within 2·10⁻³⁸ of the true value. Within 1.3 ulp of
+    e^x (tested)."""
+    V, I = ir.V, f"<{LANES} x i32>"
+    if not any(line.startswith("@exp.c") for line in ir.lines):
+        ir.lines.insert(0, f"@exp.c = private constant [{len(_EXP_CONSTANTS)} x float] "
+                           f"[{', '.join('float ' + _hex(v) for v in _EXP_CONSTANTS)}]")
+    table = ir.opaque("@exp.c")  # read at each use, as the weights: hoisted, the 12 constants would take registers
+
+    def c(v):
+        p, r = ir.gep(table, _EXP_CONSTANTS.index(v)), ir.tmp()
+        ir.emit(f"{r} = load float, ptr {p}")
+        return ir.splat(r)
+
+    xc, nf, neg, ni, e, sh, bits = (ir.tmp() for _ in range(7))
+    ir.emit(f"{xc} = call {V} @llvm.maxnum.v{LANES}f32({V} {x}, {V} {c(-87.0)})")
+    ir.emit(f"{nf} = call {V} @llvm.rint.v{LANES}f32({V} {ir.mul(xc, c(1.4426950408889634))})")
+    ir.emit(f"{neg} = fneg {V} {nf}")
+    r = ir.fma(neg, c(1.4286068203094172e-06), ir.fma(neg, c(0.693145751953125), xc))
+    p = c(_EXP_TAYLOR[0])
+    for coef in _EXP_TAYLOR[1:]:
+        p = ir.fma(p, r, c(coef))
+    ir.emit(f"{ni} = fptosi {V} {nf} to {I}")
+    ir.emit(f"{e} = add {I} {ni}, <{', '.join(['i32 127'] * LANES)}>")
+    ir.emit(f"{sh} = shl {I} {e}, <{', '.join(['i32 23'] * LANES)}>")
+    ir.emit(f"{bits} = bitcast {I} {sh} to {V}")
+    return ir.mul(p, bits)
+
+
+def _sigmoid_pair(ir: _Builder, a: str) -> tuple[str, str]:
+    """(φ(a), φ(−a)) as :func:`_gates` computes them from x = e^{−|a|}, the exponential inline in float32."""
+    V, sfx = ir.V, ir.suffix
+    r = [ir.tmp() for _ in range(7)]
+    ir.emit(f"{r[0]} = call {V} @llvm.fabs.v{LANES}{sfx}({V} {a})")
+    ir.emit(f"{r[1]} = fneg {V} {r[0]}")
+    if ir.ty == "float":
+        x = _exp_nonpositive(ir, r[1])
+    else:
+        x = r[2]
+        ir.emit(f"{x} = call {V} @llvm.exp.v{LANES}{sfx}({V} {r[1]})")
+    one = ir.splat("1.0")
+    ir.emit(f"{r[3]} = fadd {V} {one}, {x}")
+    ir.emit(f"{r[4]} = fdiv {V} {one}, {r[3]}")
+    ir.emit(f"{r[5]} = fmul {V} {x}, {r[4]}")
+    ir.emit(f"{r[6]} = fcmp oge {V} {a}, zeroinitializer")
+    g, sm = ir.tmp(), ir.tmp()
+    ir.emit(f"{g} = select <{LANES} x i1> {r[6]}, {V} {r[4]}, {V} {r[5]}")
+    ir.emit(f"{sm} = select <{LANES} x i1> {r[6]}, {V} {r[5]}, {V} {r[4]}")
+    return g, sm
+
+
+def vector_query_ir(D: int, dtype) -> str:
+    """IR of gla_native's grid kernel for vector gates and a head, ``query(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg,
+    h, loss, gq, gk, gv, gg, gh, SC, R, B, Tmax, M, G, first, stop, inv_B, two_inv_B)``: ŷ = Σ_t s_t Σ_j h_j ω_tj
+    v_tj with v_t = W_Vᵀ z_t, ω_tj = Π_{u>t} φ(W_g z_u)_j, s_t = z_tᵀ c, c = W_K W_Qᵀ z_T (``gla_native``'s module
+    docstring), jobs (s, m, g, block of LANES prompts) as :func:`query_loss_ir` with ``grid`` (the prompts
+    gathered into SC), outputs per job: loss, W̄_Q, W̄_K, W̄_V, W̄_g (D, D) and h̄ (D).
+
+    The numba kernel's arithmetic with the prompts in lanes (it runs rows of D gates and four BLAS products):
+    pass 1 (t ascending) s_t, v_t, the gate logits and φ, φ(−·) (the exponential inline in float32); pass 2
+    (descending) ω_t and ŷ (summed over t and j at once, where numba sums each j over t first); pass 3
+    (ascending) h̄'s sums, the prefix sums P_tj = Σ_{u<t} h_j ω_uj v_uj s_u, and the rows' cotangents
+    X^g_tj = e φ(−a_tj) P_tj, X^v_tj = e h_j ω_tj s_t, c̄_t = e Σ_j h_j ω_tj v_tj; then c̄ = Σ_t c̄_t z_t,
+    W̄_V[f, j] = Σ_t z_tf X^v_tj and W̄_g[j, f] = Σ_t X^g_tj z_tf in register tiles of one row, summed over the
+    lanes by :func:`_lane_sums`; W̄_K, W̄_Q as in :func:`query_loss_ir`."""
+    if D > LANES:
+        raise ValueError(f"the vector-gate kernel is built for D ≤ {LANES} (got {D})")
+    ir = _Builder(dtype)
+    V, zero, ty = ir.V, "zeroinitializer", ir.ty
+    ir.lines += [f"declare {V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr>, i32, "
+                 f"<{LANES} x i1>, {V})"]
+    ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %pos, ptr noalias %lens, "
+                    f"ptr noalias %rows, ptr noalias %WqA, ptr noalias %WkA, ptr noalias %WvA, ptr noalias %WgA, "
+                    f"ptr noalias %hA, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, ptr noalias %gv, "
+                    f"ptr noalias %gg, ptr noalias %gh, ptr noalias %SC, i64 %R, i64 %B, i64 %Tmax, i64 %M, "
+                    f"i64 %G, i64 %first, i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
+    # per-token scratch slots: s, v (D), φ (D), φ(−·) (D), ω (D); then X^v (D) and X^g (D) overwrite v and φ,
+    # c̄_t the s slot's twin
+    W = 4 * D + 2
+    ST, XC, VJ, GJ, SMJ, OMJ = 0, 1, 2, 2 + D, 2 + 2 * D, 2 + 3 * D
+    ir.label("entry")
+    one = ir.splat("1.0")
+    ir.emit(f"%qc = mul i64 %Tmax, {W * LANES}")
+    QC = ir.gep("%SC", "%qc")
+    ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
+    ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
+    ir.emit(f"%zbo = add i64 %qc, {(2 * D + 1) * LANES}")
+    ir.emit(f"%zrow = mul i64 %Tmax, {D}")
+    ir.emit("br label %blk")
+    _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
+    zb, yv = _grid_job(ir, D, (("%Wq", "%WqA", D * D, 0), ("%Wk", "%WkA", D * D, 0), ("%Wv", "%WvA", D * D, 0),
+                               ("%Wg", "%WgA", D * D, 0), ("%h", "%hA", D, 0)))
+    ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
+    ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
+    zqp = ir.gep(zb, "%zqo2")
+    zq = [ir.load(zqp, f) for f in range(D)]
+    q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
+    c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
+    for i, x in enumerate(q + c):
+        ir.store(x, QC, i)
+    ir.emit("br label %p1")
+
+    def token(loop):
+        ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
+        ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {W * LANES}")
+        return ir.gep(zb, f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so")
+
+    # pass 1: s_t, v_t = W_Vᵀ z_t, the gates of W_g z_t
+    _loop_head(ir, "p1", "gz.done", "p1.body", "0", 1, "%T")
+    zp, sp = token("p1")
+    z = [ir.load(zp, f) for f in range(D)]
+    cs = ir.opaque(QC)
+    ir.store(ir.dot([ir.load(cs, D + f) for f in range(D)], z), sp, ST)
+    for j in range(D):
+        ir.store(ir.dot([ir.weight("%Wv", D, f, j) for f in range(D)], z), sp, VJ + j)
+    for j in range(D):
+        g, sm = _sigmoid_pair(ir, ir.dot([ir.weight("%Wg", D, j, f) for f in range(D)], z))
+        ir.store(g, sp, GJ + j)
+        ir.store(sm, sp, SMJ + j)
+    ir.emit("br label %p1")
+    ir.label("p1.done")
+    ir.emit("%Tm1 = sub i64 %T, 1")
+    ir.emit("br label %p2")
+    # pass 2, t descending: ω_tj (before the gate of t), ŷ += Σ_j h_j ω_tj v_tj s_t
+    ir.label("p2")
+    ir.emit("%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %p2.body]")
+    ob = [f"%ob{j}" for j in range(D)]
+    at = len(ir.lines)
+    ir.emit(f"%yh = phi {V} [{zero}, %p1.done], [%yh.n, %p2.body]")
+    ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
+    ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
+    ir.label("p2.body")
+    ir.emit("%p2.n = sub i64 %p2.i, 1")
+    _, sp = token("p2")
+    sv = ir.load(sp, ST)
+    ya = None
+    obn = []
+    for j in range(D):
+        ir.store(ob[j], sp, OMJ + j)
+        hv = ir.mul(ir.weight("%h", D, 0, j), ir.mul(ob[j], ir.load(sp, VJ + j)))
+        ya = hv if ya is None else ir.add(ya, hv)
+        obn.append(ir.mul(ob[j], ir.load(sp, GJ + j)))
+    ir.emit(f"%yh.n = call {V} @{ir.fma_name}({V} {ya}, {V} {sv}, {V} %yh)")
+    ir.emit("br label %p2")
+    ir.lines[at:at] = [f"  {ob[j]} = phi {V} [{one}, %p1.done], [{obn[j]}, %p2.body]" for j in range(D)]
+    ir.label("p2.done")
+    err = _sub(ir, "%yh", yv)
+    ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")
+    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
+    ls, lsc = ir.tmp(), ir.tmp()
+    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
+    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
+    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%blk.i')}")
+    e = ir.mul(ir.splat("%two_inv_B"), err)
+    ir.emit("br label %p3")
+    # pass 3, t ascending: h̄'s sums dh_j, the prefix sums P_j, the rows' cotangents
+    ir.label("p3")
+    ir.emit("%p3.i = phi i64 [0, %p2.done], [%p3.n, %p3.body]")
+    pre, dh = [f"%pre{j}" for j in range(D)], [f"%dh{j}" for j in range(D)]
+    at = len(ir.lines)
+    ir.emit("%p3.c = icmp slt i64 %p3.i, %T")
+    ir.emit("br i1 %p3.c, label %p3.body, label %p3.done")
+    ir.label("p3.body")
+    ir.emit("%p3.n = add i64 %p3.i, 1")
+    _, sp = token("p3")
+    sv = ir.load(sp, ST)
+    es = ir.mul(e, sv)
+    a, pren, dhn = None, [], []
+    for j in range(D):
+        o = ir.load(sp, OMJ + j)
+        ov = ir.mul(o, ir.load(sp, VJ + j))
+        hj = ir.weight("%h", D, 0, j)
+        a = ir.mul(hj, ov) if a is None else ir.fma(hj, ov, a)
+        dhn.append(ir.fma(ov, sv, dh[j]))
+        ir.store(ir.mul(ir.mul(e, ir.load(sp, SMJ + j)), pre[j]), sp, GJ + j)  # X^g over φ
+        pren.append(ir.fma(ir.mul(hj, ov), sv, pre[j]))
+        ir.store(ir.mul(ir.mul(es, hj), o), sp, VJ + j)  # X^v over v
+    ir.store(ir.mul(e, a), sp, XC)
+    ir.emit("br label %p3")
+    ir.lines[at:at] = ([f"  {pre[j]} = phi {V} [{zero}, %p2.done], [{pren[j]}, %p3.body]" for j in range(D)]
+                       + [f"  {dh[j]} = phi {V} [{zero}, %p2.done], [{dhn[j]}, %p3.body]" for j in range(D)])
+    ir.label("p3.done")
+    ir.emit(f"%vo = mul i64 %blk.i, {D}")
+    _store_lanes(ir, _lane_sums(ir, [ir.mul(e, dh[j]) for j in range(D)]), "%gh", "%vo", D)
+    ir.emit(f"%wo = mul i64 %blk.i, {D * D}")
+    # W̄_V[f, :] = Σ_t z_tf X^v_t, W̄_g[j, :] = Σ_t X^g_tj z_t: one row per loop, D accumulators (phis); then c̄
+    prev = "p3.done"
+    rows = [("v", f, VJ) for f in range(D)] + [("g", j, GJ) for j in range(D)] + [("c", 0, XC)]
+    for kind, row, slot in rows:
+        name = f"{kind}{row}"
+        ir.emit(f"br label %{name}")
+        ir.label(name)
+        ir.emit(f"%{name}.i = phi i64 [0, %{prev}], [%{name}.n, %{name}.body]")
+        acc = [f"%{name}.a{f}" for f in range(D)]
+        at = len(ir.lines)
+        ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %T")
+        ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
+        ir.label(f"{name}.body")
+        ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
+        zp, sp = token(name)
+        if kind == "v":  # z_tf times the row X^v_t
+            x = ir.load(zp, row)
+            rp = ir.opaque(sp)
+            new = [ir.fma(x, ir.load(rp, slot + j), acc[j]) for j in range(D)]
+        else:  # X^g_tj (or c̄_t) times z_t
+            x = ir.load(sp, slot + (row if kind == "g" else 0))
+            zr = ir.opaque(zp)
+            new = [ir.fma(x, ir.load(zr, f), acc[f]) for f in range(D)]
+        ir.emit(f"br label %{name}")
+        ir.lines[at:at] = [f"  {acc[f]} = phi {V} [{zero}, %{prev}], [{new[f]}, %{name}.body]" for f in range(D)]
+        ir.label(f"{name}.done")
+        prev = f"{name}.done"
+        if kind != "c":
+            ir.emit(f"%{name}.o = add i64 %wo, {row * D}")
+            _store_lanes(ir, _lane_sums(ir, acc), "%gv" if kind == "v" else "%gg", f"%{name}.o", D)
+    dc = acc
+    dq = [ir.dot([ir.weight("%Wk", D, f, j) for f in range(D)], dc) for j in range(D)]
+    qs = ir.opaque(QC)
+    zqr = ir.opaque(zqp)
+    for f in range(D):
+        ir.emit(f"%gko{f} = add i64 %wo, {f * D}")
+        _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(qs, j)) for j in range(D)]), "%gk", f"%gko{f}", D)
+        _store_lanes(ir, _lane_sums(ir, [ir.mul(ir.load(zqr, f), dq[j]) for j in range(D)]), "%gq", f"%gko{f}", D)
+    ir.emit("br label %blk.end")
+    ir.label("blk.end")
+    ir.emit("br label %blk")
+    ir.label("blk.done")
+    ir.emit("ret void")
+    return ir.text()
+
+
+@functools.cache
+def vector_grid_kernel(D: int, dtype):
+    """:func:`vector_query_ir` compiled on first use, with the numba vector kernel's signature
+    (``gla_native._VECTOR_KERNEL``): ``kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg,
+    gh, dZ, first, stop)`` over jobs (s, m, g, block) of LANES prompts, outputs per job (loss (S, M, G, NB), gq, gk,
+    gv, gg (…, NB, D, D), gh (…, NB, D), NB = ⌈B / LANES⌉); label and dZ unused (a head reads the values)."""
+    dtype = np.dtype(dtype)
+    scalar = _TYPES[dtype][2]
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn = compile_function(vector_query_ir(D, dtype), "query", None, (P,) * 17 + (I,) * 7 + (scalar, scalar))
+
+    def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
+        S, R, B, Tmax, _ = Z.shape
+        M, G = rows.shape[0], lens.shape[0]
+        NB = -(-B // LANES)
+        if Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
+            raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
+        for arr, tail in ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D, D)), (h, (D,))):
+            if arr.shape != (S, M, G) + tail:
+                raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {arr.shape})")
+        for arr, tail in ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, D)), (gg, (D, D)), (gh, (D,))):
+            if arr.shape != (S, M, G, NB) + tail:
+                raise ValueError(f"grid outputs must be (S, M, G, {NB}) + {tail} per job (got {arr.shape})")
+        if np.any(lens < 1) or np.any(lens > Tmax) or np.any(rows < 0) or np.any(rows >= R):
+            raise ValueError("grid lengths or rows out of range")
+        if B * Tmax * D >= 2 ** 31:
+            raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {Tmax} x {D})")
+        SC = np.empty((Tmax * (4 * D + 2 + D) + 2 * D + 1) * LANES, dtype)
+        index = np.dtype(np.int64)
+        fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index) for a in (pos, lens, rows)),
+           *(_pointer(a, dtype) for a in (Wq, Wk, Wv, Wg, h, loss, gq, gk, gv, gg, gh, SC)), R, B, Tmax, M, G, first,
+           stop, dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
 
     return kernel

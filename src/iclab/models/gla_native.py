@@ -482,9 +482,13 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
         Z, y, Wq, Wk, Wv, Wg, h = (_readonly(a, dt) for a in arrs)
         S, R, B, _, D = Z.shape
         M, G = Wq.shape[1:3]
-        ir = dt == np.float32 and FLOAT32_LAYERS == "llvm" and kind != "vector"
-        kernel = (_layer_ir.query_grid_kernel(D, dt, gated=kind == "scalar", label=label) if ir
-                  else _kernel(kind, D, dt.name))
+        ir = dt == np.float32 and FLOAT32_LAYERS == "llvm" and (kind != "vector" or D <= _blocked.LANES)
+        if not ir:
+            kernel = _kernel(kind, D, dt.name)
+        elif kind == "vector":
+            kernel = _layer_ir.vector_grid_kernel(D, dt)
+        else:
+            kernel = _layer_ir.query_grid_kernel(D, dt, gated=kind == "scalar", label=label)
         NB = -(-B // (_blocked.LANES if ir else CHUNK))
         loss = np.empty((S, M, G, NB), dt)
         gq = np.empty((S, M, G, NB, D, D), dt)
@@ -818,9 +822,9 @@ def _gated_layer_kernels(D: int, dtype: str, residual: bool = False, *, blocked:
 
 #: Which kernels run float32 grids: "llvm" (``iclab.models._layer_ir``: the full layers on the blocked layout
 #: (``gated_layer_kernels``), the last layer's query read-out of ``multilayer_mse_grid`` (``query_loss_kernel``)
-#: and ``query_mse_grid``'s kernel for scalar and no gates (``query_grid_kernel``): the same arithmetic with its
-#: vectors kept in registers) or "numba" (``_gated_layer_source``, ``_source``: their twins in the tests; vector
-#: gates always). float64 always runs numba's (the IR ones are no faster there: 16 doubles are two vector
+#: and ``query_mse_grid``'s kernels (``query_grid_kernel``; ``vector_grid_kernel`` for vector gates at D ≤ 16):
+#: the same arithmetic with its vectors kept in registers) or "numba" (``_gated_layer_source``, ``_source``: their
+#: twins in the tests). float64 always runs numba's (the IR ones are no faster there: 16 doubles are two vector
 #: registers).
 FLOAT32_LAYERS = "llvm"
 
