@@ -309,8 +309,16 @@ def test_delimiter_prompt_layout_and_errors():
     np.testing.assert_allclose(Z[delims][:, d + 1:], contexts[1:])
     np.testing.assert_allclose(Z[data][:, d + 1:], np.broadcast_to(contexts[0], (5, p)))
     np.testing.assert_allclose(Z[-1], np.concatenate([x, [0.0], contexts[0]]))
+    np.testing.assert_array_equal(Z[data][:, :d], X)
+    np.testing.assert_array_equal(Z[data][:, d], y)
     Zz, _ = gla.delimiter_prompt(X, y, x, [2, 3], contexts, query_context=None)
     np.testing.assert_allclose(np.asarray(Zz)[-1, d + 1:], 0)
+    Z2, _ = gla.delimiter_prompt(X, y, x, [2, 3], contexts, query_context=2)
+    np.testing.assert_array_equal(np.asarray(Z2)[-1], np.concatenate([x, [0.0], contexts[2]]))
+    Zn, _ = gla.delimiter_prompt(X, y, x, [2, 3], contexts, delimiters=False)  # contexts, no delimiter tokens
+    np.testing.assert_array_equal(np.asarray(Zn), np.concatenate(
+        [np.concatenate([X, y[:, None], np.broadcast_to(contexts[0], (5, p))], 1),
+         np.concatenate([x, [0.0], contexts[0]])[None]]))
     with pytest.raises(ValueError, match="sum to n"):
         gla.delimiter_prompt(X, y, x, [2, 2], contexts)
     with pytest.raises(ValueError, match="K \\+ 1"):
