@@ -1,4 +1,6 @@
-"""The full GLA layers of the paper presets (recurrent form) on the blocked layout, as LLVM IR kernels.
+"""The float32 kernels of the paper presets as LLVM IR: the full GLA layers (recurrent form) on the blocked layout,
+gating's last layer read at the query (``query_loss_kernel``) and its grids of one-layer models read at the query
+(``query_grid_kernel``, ``vector_grid_kernel``; the sections at the end of this module).
 
 drift's layer (a forget factor λ; ``layer_kernels``, twin of ``gla_forget_native._layer_source``) and gating's
 residual scalar-gated layer (``gated_layer_kernels``, twin of ``gla_native._gated_layer_source``), with the numba

@@ -1,4 +1,5 @@
-"""Compiled CPU kernels (numba) for training grids of gated linear attention models (:mod:`iclab.models.gla`).
+"""Compiled CPU kernels (numba; in float32 their LLVM IR twins, ``FLOAT32_LAYERS``) for training grids of gated
+linear attention models (:mod:`iclab.models.gla`).
 
 - :func:`query_mse_grid`: the training loss of a grid of one-layer models read at the query, and its gradient;
 - :func:`gated_layer`: a full scalar-gated layer at every position, forward and backward;
