@@ -579,6 +579,89 @@ def _store_lanes(ir: _Builder, vector: str, base: str, offset: str, count: int) 
         ir.emit(f"store {ir.ty} {x}, ptr {ir.gep(p, i)}")
 
 
+def _close_blocks(ir: _Builder) -> str:
+    """Ends a query kernel's block loop (its latch ``blk.end``) and the function; returns the IR."""
+    ir.emit("br label %blk.end")
+    ir.label("blk.end")
+    ir.emit("br label %blk")
+    ir.label("blk.done")
+    ir.emit("ret void")
+    return ir.text()
+
+
+def _grid_entry(ir: _Builder, D: int) -> None:
+    """A grid kernel's constants (entry block, after %qc): %NB blocks per prompt row, %zbo the job's blocked
+    tokens in SC after q, c and the loss's slot, %zrow Z's stride between prompts."""
+    ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
+    ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
+    ir.emit(f"%zbo = add i64 %qc, {(2 * D + 1) * LANES}")
+    ir.emit(f"%zrow = mul i64 %Tmax, {D}")
+
+
+def _query_keys(ir: _Builder, D: int, zb: str, QC: str) -> tuple[str, list[str]]:
+    """q_j = Σ_f W_Q[f, j] z_T[f] and c_f = Σ_j W_K[f, j] q_j of the block's query token, stored at QC (q, then c);
+    returns (the query token's pointer, its D vectors)."""
+    ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
+    ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
+    zqp = ir.gep(zb, "%zqo2")
+    zq = [ir.load(zqp, f) for f in range(D)]
+    q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
+    c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
+    for i, x in enumerate(q + c):
+        ir.store(x, QC, i)
+    return zqp, zq
+
+
+def _block_loss(ir: _Builder, D: int, err: str) -> str:
+    """loss[blk] = Σ_lanes err² · inv_B (summed in a scratch slot after q and c); returns e = 2 err / B."""
+    ty = ir.ty
+    ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")
+    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
+    ls, lsc = ir.tmp(), ir.tmp()
+    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
+    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
+    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%blk.i')}")
+    return ir.mul(ir.splat("%two_inv_B"), err)
+
+
+def _token_sums(ir: _Builder, name: str, prev: str, D: int, token, products, names) -> list[str]:
+    """A loop ``name`` over the tokens t < %T (entered from the block ``prev``) accumulating D vectors
+    acc_i += a_i b_i, (a_i, b_i) = ``products(*token(name))``; the accumulators are the loop's phis (named by
+    ``names(i)``). Returns them; ends in the block ``name.done``."""
+    V, zero = ir.V, "zeroinitializer"
+    ir.emit(f"br label %{name}")
+    ir.label(name)
+    ir.emit(f"%{name}.i = phi i64 [0, %{prev}], [%{name}.n, %{name}.body]")
+    acc = [names(i) for i in range(D)]
+    at = len(ir.lines)
+    ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %T")
+    ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
+    ir.label(f"{name}.body")
+    ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
+    new = [ir.fma(a, b, acc[i]) for i, (a, b) in enumerate(products(*token(name)))]
+    ir.emit(f"br label %{name}")
+    ir.lines[at:at] = [f"  {acc[i]} = phi {V} [{zero}, %{prev}], [{new[i]}, %{name}.body]" for i in range(D)]
+    ir.label(f"{name}.done")
+    return acc
+
+
+def _key_query_grads(ir: _Builder, D: int, dc, QC: str, zqp: str) -> list[str]:
+    """q̄_j = Σ_f W_K[f, j] c̄_f; W̄_K[f, j] = Σ_lanes c̄_f q_j and W̄_Q[f, j] = Σ_lanes z_T[f] q̄_j written at
+    %gk, %gq + %wo, 16 sums at a time. Returns q̄."""
+    dq = [ir.dot([ir.weight("%Wk", D, f, j) for f in range(D)], dc) for j in range(D)]
+    qs = ir.opaque(QC)
+    zqr = ir.opaque(zqp)
+    for f in range(D):
+        for j0 in range(0, D, LANES):
+            js = range(j0, min(D, j0 + LANES))
+            ir.emit(f"%gko{f}_{j0} = add i64 %wo, {f * D + j0}")
+            _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(qs, j)) for j in js]), "%gk", f"%gko{f}_{j0}",
+                         len(js))
+            _store_lanes(ir, _lane_sums(ir, [ir.mul(ir.load(zqr, f), dq[j]) for j in js]), "%gq", f"%gko{f}_{j0}",
+                         len(js))
+    return dq
+
+
 def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
     """The start of a grid kernel's job (in the block after ``blk.body``): job = ((s·M + m)·G + g)·NB + block, as
     the numba kernels'; %T = lens[g]; the model's weight pointers (``pointers``: (name, argument, entries per
@@ -675,10 +758,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     ir.emit(f"%qc = mul i64 {'%Tmax' if grid else '%T'}, {8 * LANES}")  # q and c after the per-token slots
     QC = ir.gep("%SC", "%qc")
     if grid:
-        ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
-        ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
-        ir.emit(f"%zbo = add i64 %qc, {(2 * D + 1) * LANES}")  # the job's blocked tokens after the loss's slot
-        ir.emit(f"%zrow = mul i64 %Tmax, {D}")  # Z's stride between prompts
+        _grid_entry(ir, D)
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     if grid:
@@ -691,15 +771,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         zb = ir.gep("%Z", "%base")
         first_pass = "blk.body"
     dzb = ir.gep("%dZ", "%base") if grad_z else None
-    ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
-    ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
-    zqp = ir.gep(zb, "%zqo2")
-    zq = [ir.load(zqp, f) for f in range(D)]
-    # q_j = Σ_f W_Q[f, j] z_T[f], c_f = Σ_j W_K[f, j] q_j
-    q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
-    c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
-    for i, x in enumerate(q + c):
-        ir.store(x, QC, i)
+    zqp, zq = _query_keys(ir, D, zb, QC)
     ir.emit("br label %p1")
 
     def u_at(f):  # u = (W_V)_{:,label}: a column of the model's W_V in the grid, a vector of its own otherwise
@@ -749,13 +821,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.emit(f"%yo = mul i64 %blk.i, {LANES}")
         yv = ir.load(ir.gep("%y", "%yo"), 0)
     err = _sub(ir, "%yh", yv)
-    ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")  # the loss's scratch slot, after q and c
-    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
-    ls, lsc = ir.tmp(), ir.tmp()
-    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
-    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
-    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%blk.i')}")
-    e = ir.mul(ir.splat("%two_inv_B"), err)
+    e = _block_loss(ir, D, err)
     ir.emit("br label %p3")
     # pass 3, t ascending: the rows' cotangents (and P_t's prefix sum), z̄_t
     _loop_head(ir, "p3", "p2.done", "p3.body", "0", 1, "%T")
@@ -787,22 +853,12 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     ir.emit(f"%vo = mul i64 %blk.i, {D}")
     prev = "p3.done"
     for slot, name in ((XU, "du"),) + (((XW, "dw"),) if gated else ()) + ((XC, "dc"),):
-        ir.emit(f"br label %{name}")
-        ir.label(name)
-        ir.emit(f"%{name}.i = phi i64 [0, %{prev}], [%{name}.n, %{name}.body]")
-        acc = [f"%{name}{f}" for f in range(D)]
-        at = len(ir.lines)
-        ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %T")
-        ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
-        ir.label(f"{name}.body")
-        ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
-        zp, sp, _ = token(name)
-        x = ir.load(sp, slot)
-        zr = ir.opaque(zp)
-        new = [ir.fma(x, ir.load(zr, f), acc[f]) for f in range(D)]
-        ir.emit(f"br label %{name}")
-        ir.lines[at:at] = [f"  {acc[f]} = phi {V} [{zero}, %{prev}], [{new[f]}, %{name}.body]" for f in range(D)]
-        ir.label(f"{name}.done")
+
+        def row(zp, sp, slot=slot):  # x_t times z_t
+            x, zr = ir.load(sp, slot), ir.opaque(zp)
+            return [(x, ir.load(zr, f)) for f in range(D)]
+
+        acc = _token_sums(ir, name, prev, D, lambda loop: token(loop)[:2], row, names=lambda f, n=name: f"%{n}{f}")
         prev = f"{name}.done"
         if name != "dc":
             out = "%gv" if name == "du" else "%gg"
@@ -815,30 +871,14 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         for f in range(D):
             ir.emit(f"store {ty} 0.0, ptr {ir.gep(gp, f)}")
     dc = acc
-    # q̄_j = Σ_f W_K[f, j] c̄_f; W̄_K[f, j] = Σ_b c̄_f q_j, W̄_Q[f, j] = Σ_b z_T[f] q̄_j
-    dq = [ir.dot([ir.weight("%Wk", D, f, j) for f in range(D)], dc) for j in range(D)]
-    qs = ir.opaque(QC)
-    zqr = ir.opaque(zqp)
     ir.emit(f"%wo = mul i64 %blk.i, {D * D}")
-    for f in range(D):
-        for j0 in range(0, D, LANES):
-            js = range(j0, min(D, j0 + LANES))
-            ir.emit(f"%gko{f}_{j0} = add i64 %wo, {f * D + j0}")
-            _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(qs, j)) for j in js]), "%gk", f"%gko{f}_{j0}",
-                         len(js))
-            _store_lanes(ir, _lane_sums(ir, [ir.mul(ir.load(zqr, f), dq[j]) for j in js]), "%gq", f"%gko{f}_{j0}",
-                         len(js))
+    dq = _key_query_grads(ir, D, dc, QC, zqp)
     if grad_z:  # the query's cotangent through q (z̄_T += W_Q q̄) and the residual read-out's label slot
         ir.emit(f"%zqd = getelementptr {ty}, ptr {dzb}, i64 %zqo2")
         for f in range(D):
             a = ir.add(ir.load("%zqd", f), ir.dot([ir.weight("%Wq", D, f, j) for j in range(D)], dq))
             ir.store(ir.add(a, e) if residual and f == label else a, "%zqd", f)
-    ir.emit("br label %blk.end")
-    ir.label("blk.end")
-    ir.emit("br label %blk")
-    ir.label("blk.done")
-    ir.emit("ret void")
-    return ir.text()
+    return _close_blocks(ir)
 
 
 @functools.cache
@@ -887,28 +927,37 @@ def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
                           "query", None, (P,) * 15 + (I,) * 7 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label_, loss, gq, gk, gv, gg, gh, dZ, first, stop):
-        S, R, B, Tmax, _ = Z.shape
-        M, G = rows.shape[0], lens.shape[0]
-        NB = -(-B // LANES)
-        if label_ != label or Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
-            raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax), label {label}")
-        for a, tail in ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D,))):
-            if a.shape != (S, M, G) + tail:
-                raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {a.shape})")
-        for a, tail in ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, 1)), (gg, (D,))):
-            if a.shape != (S, M, G, NB) + tail:
-                raise ValueError(f"grid outputs must be (S, M, G, {NB}) + {tail} per job (got {a.shape})")
-        if np.any(lens < 1) or np.any(lens > Tmax) or np.any(rows < 0) or np.any(rows >= R):
-            raise ValueError("grid lengths or rows out of range")
-        if B * Tmax * D >= 2 ** 31:  # the gathers' 32-bit offsets within one row of Z
-            raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {Tmax} x {D})")
-        SC = np.empty((Tmax * (8 + D) + 2 * D + 1) * LANES, dtype)
-        index = (np.dtype(np.int64),)
-        fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index[0]) for a in (pos, lens, rows)),
-           *(_pointer(a, dtype) for a in (Wq, Wk, Wv, Wg, loss, gq, gk, gv, gg, SC)), R, B, Tmax, M, G, first, stop,
-           dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
+        if label_ != label:
+            raise ValueError(f"this kernel reads label {label} (got {label_})")
+        _call_grid(fn, D, dtype, 8 + D, Z, y, pos, lens, rows, ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D,))),
+                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, 1)), (gg, (D,))), first, stop)
 
     return kernel
+
+
+def _call_grid(fn, D: int, dtype, width: int, Z, y, pos, lens, rows, weights, outputs, first: int, stop: int) -> None:
+    """Checks a grid kernel's operands (``weights`` and ``outputs``: (array, trailing shape) pairs, after (S, M, G)
+    and (S, M, G, NB)) and calls it with a scratch of ``width`` vectors per token of T_max, then 2D + 1."""
+    S, R, B, Tmax, _ = Z.shape
+    M, G = rows.shape[0], lens.shape[0]
+    NB = -(-B // LANES)
+    if Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
+        raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
+    for a, tail in weights:
+        if a.shape != (S, M, G) + tail:
+            raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {a.shape})")
+    for a, tail in outputs:
+        if a.shape != (S, M, G, NB) + tail:
+            raise ValueError(f"grid outputs must be (S, M, G, {NB}) + {tail} per job (got {a.shape})")
+    if np.any(lens < 1) or np.any(lens > Tmax) or np.any(rows < 0) or np.any(rows >= R):
+        raise ValueError("grid lengths or rows out of range")
+    if B * Tmax * D >= 2 ** 31:  # the gathers' 32-bit offsets within one row of Z
+        raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {Tmax} x {D})")
+    SC = np.empty((Tmax * width + 2 * D + 1) * LANES, dtype)
+    index = np.dtype(np.int64)
+    fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index) for a in (pos, lens, rows)),
+       *(_pointer(a, dtype) for a, _ in weights + outputs), _pointer(SC, dtype), R, B, Tmax, M, G, first, stop,
+       dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1012,22 +1061,12 @@ def vector_query_ir(D: int, dtype) -> str:
     one = ir.splat("1.0")
     ir.emit(f"%qc = mul i64 %Tmax, {W * LANES}")
     QC = ir.gep("%SC", "%qc")
-    ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
-    ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
-    ir.emit(f"%zbo = add i64 %qc, {(2 * D + 1) * LANES}")
-    ir.emit(f"%zrow = mul i64 %Tmax, {D}")
+    _grid_entry(ir, D)
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     zb, yv = _grid_job(ir, D, (("%Wq", "%WqA", D * D, 0), ("%Wk", "%WkA", D * D, 0), ("%Wv", "%WvA", D * D, 0),
                                ("%Wg", "%WgA", D * D, 0), ("%h", "%hA", D, 0)))
-    ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
-    ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
-    zqp = ir.gep(zb, "%zqo2")
-    zq = [ir.load(zqp, f) for f in range(D)]
-    q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
-    c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
-    for i, x in enumerate(q + c):
-        ir.store(x, QC, i)
+    zqp, _ = _query_keys(ir, D, zb, QC)
     ir.emit("br label %p1")
 
     def token(loop):
@@ -1075,13 +1114,7 @@ def vector_query_ir(D: int, dtype) -> str:
     ir.lines[at:at] = [f"  {ob[j]} = phi {V} [{one}, %p1.done], [{obn[j]}, %p2.body]" for j in range(D)]
     ir.label("p2.done")
     err = _sub(ir, "%yh", yv)
-    ir.emit(f"%lso = add i64 %qc, {2 * D * LANES}")
-    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
-    ls, lsc = ir.tmp(), ir.tmp()
-    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
-    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
-    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%blk.i')}")
-    e = ir.mul(ir.splat("%two_inv_B"), err)
+    e = _block_loss(ir, D, err)
     ir.emit("br label %p3")
     # pass 3, t ascending: h̄'s sums dh_j, the prefix sums P_j, the rows' cotangents
     ir.label("p3")
@@ -1118,45 +1151,21 @@ def vector_query_ir(D: int, dtype) -> str:
     rows = [("v", f, VJ) for f in range(D)] + [("g", j, GJ) for j in range(D)] + [("c", 0, XC)]
     for kind, row, slot in rows:
         name = f"{kind}{row}"
-        ir.emit(f"br label %{name}")
-        ir.label(name)
-        ir.emit(f"%{name}.i = phi i64 [0, %{prev}], [%{name}.n, %{name}.body]")
-        acc = [f"%{name}.a{f}" for f in range(D)]
-        at = len(ir.lines)
-        ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %T")
-        ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
-        ir.label(f"{name}.body")
-        ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
-        zp, sp = token(name)
-        if kind == "v":  # z_tf times the row X^v_t
-            x = ir.load(zp, row)
-            rp = ir.opaque(sp)
-            new = [ir.fma(x, ir.load(rp, slot + j), acc[j]) for j in range(D)]
-        else:  # X^g_tj (or c̄_t) times z_t
-            x = ir.load(sp, slot + (row if kind == "g" else 0))
-            zr = ir.opaque(zp)
-            new = [ir.fma(x, ir.load(zr, f), acc[f]) for f in range(D)]
-        ir.emit(f"br label %{name}")
-        ir.lines[at:at] = [f"  {acc[f]} = phi {V} [{zero}, %{prev}], [{new[f]}, %{name}.body]" for f in range(D)]
-        ir.label(f"{name}.done")
+
+        def products(zp, sp, kind=kind, row=row, slot=slot):
+            if kind == "v":  # z_tf times the row X^v_t
+                x, rp = ir.load(zp, row), ir.opaque(sp)
+                return [(x, ir.load(rp, slot + j)) for j in range(D)]
+            x, zr = ir.load(sp, slot + (row if kind == "g" else 0)), ir.opaque(zp)  # X^g_tj (or c̄_t) times z_t
+            return [(x, ir.load(zr, f)) for f in range(D)]
+
+        acc = _token_sums(ir, name, prev, D, token, products, names=lambda f, n=name: f"%{n}.a{f}")
         prev = f"{name}.done"
         if kind != "c":
             ir.emit(f"%{name}.o = add i64 %wo, {row * D}")
             _store_lanes(ir, _lane_sums(ir, acc), "%gv" if kind == "v" else "%gg", f"%{name}.o", D)
-    dc = acc
-    dq = [ir.dot([ir.weight("%Wk", D, f, j) for f in range(D)], dc) for j in range(D)]
-    qs = ir.opaque(QC)
-    zqr = ir.opaque(zqp)
-    for f in range(D):
-        ir.emit(f"%gko{f} = add i64 %wo, {f * D}")
-        _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(qs, j)) for j in range(D)]), "%gk", f"%gko{f}", D)
-        _store_lanes(ir, _lane_sums(ir, [ir.mul(ir.load(zqr, f), dq[j]) for j in range(D)]), "%gq", f"%gko{f}", D)
-    ir.emit("br label %blk.end")
-    ir.label("blk.end")
-    ir.emit("br label %blk")
-    ir.label("blk.done")
-    ir.emit("ret void")
-    return ir.text()
+    _key_query_grads(ir, D, acc, QC, zqp)
+    return _close_blocks(ir)
 
 
 @functools.cache
@@ -1171,25 +1180,8 @@ def vector_grid_kernel(D: int, dtype):
     fn = compile_function(vector_query_ir(D, dtype), "query", None, (P,) * 17 + (I,) * 7 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
-        S, R, B, Tmax, _ = Z.shape
-        M, G = rows.shape[0], lens.shape[0]
-        NB = -(-B // LANES)
-        if Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
-            raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
-        for arr, tail in ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D, D)), (h, (D,))):
-            if arr.shape != (S, M, G) + tail:
-                raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {arr.shape})")
-        for arr, tail in ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, D)), (gg, (D, D)), (gh, (D,))):
-            if arr.shape != (S, M, G, NB) + tail:
-                raise ValueError(f"grid outputs must be (S, M, G, {NB}) + {tail} per job (got {arr.shape})")
-        if np.any(lens < 1) or np.any(lens > Tmax) or np.any(rows < 0) or np.any(rows >= R):
-            raise ValueError("grid lengths or rows out of range")
-        if B * Tmax * D >= 2 ** 31:
-            raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {Tmax} x {D})")
-        SC = np.empty((Tmax * (4 * D + 2 + D) + 2 * D + 1) * LANES, dtype)
-        index = np.dtype(np.int64)
-        fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index) for a in (pos, lens, rows)),
-           *(_pointer(a, dtype) for a in (Wq, Wk, Wv, Wg, h, loss, gq, gk, gv, gg, gh, SC)), R, B, Tmax, M, G, first,
-           stop, dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
+        _call_grid(fn, D, dtype, 4 * D + 2 + D, Z, y, pos, lens, rows,
+                   ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D, D)), (h, (D,))),
+                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, D)), (gg, (D, D)), (gh, (D,))), first, stop)
 
     return kernel
