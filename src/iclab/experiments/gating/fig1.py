@@ -470,14 +470,17 @@ register(
                       "record_every": 100, "kernel": "native"},
             "paper": {"seeds": 10, "kernel": "native"},
         },
-        runtime={"quick": "42.5 s on the idle 2-core machine with the compiled kernels (kernel = native) loaded "
-                          "from the kernel cache (iclab._numba: every later run on a machine), 61.3 s on a "
+        runtime={"quick": "35 s on the idle 2-core machine with the float32 kernels as LLVM IR (27 Nov 2026, 19:00, "
+                          "15/15); 42.5 s with numba's kernels loaded from the kernel cache (iclab._numba), 61.3 s on a "
                           "machine's first run, which compiles them (measured 27 Nov 2026, 15/15 both); with "
                           "kernel = xla (the quick preset before 27 Nov) 74 s that day, 93-110 s on 25 Nov, of "
                           "which 52 s XLA compilation",
-                 "paper": "9913 s (2.75 h; run 26 Nov 2026 with the compiled kernels, kernel = native, while "
+                 "paper": "3794 s (63 min; run 27 Nov 2026, 17:55, on the idle 2-core machine with every float32 "
+                          "kernel as LLVM IR (iclab.models._layer_ir), ≈ 0.33 s per Adam step in the run, 0.28-0.31 s "
+                          "in `iclab bench gating`); 16/16 checks, the same worst gaps as the run before. That run: "
+                          "9913 s (2.75 h; 26 Nov 2026 with numba's kernels, kernel = native, while "
                           "drift.fig2's paper preset and short tests shared the two cores for over an hour of it; idle, "
-                          "`iclab bench gating` gives 0.82 s per Adam step, ≈ 2.3 h for the 10 000 steps, and "
+                          "`iclab bench gating` gave 0.82 s per Adam step, ≈ 2.3 h for the 10 000 steps, and "
                           "evaluation, restricted models and baselines take ≈ 6 min); 16/16 checks. 1600 jointly "
                           "trained models (4 kinds × 4 panels × 10 n̄ × 10 seeds; GLA-vector in every panel). Worst "
                           "gaps to theory at n̄ ≥ 5, best of 10 seeds: LinAtt 1.3 % (eq 24), GLA 0.7 % (eq 17, a-c) and "
