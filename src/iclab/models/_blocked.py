@@ -25,24 +25,7 @@ def _kernels():
     import numba
 
     @numba.njit(nogil=True, boundscheck=False, cache=True)
-    def to(Z, Zb, first, stop):
-        B, T, D = Z.shape
-        CH = Zb.shape[3]
-        for blk in range(first, stop):
-            b0 = blk * CH
-            n = min(CH, B - b0)
-            zb = Zb[blk]
-            for b in range(n):
-                for t in range(T):
-                    for f in range(D):
-                        zb[t, f, b] = Z[b0 + b, t, f]
-            for t in range(T):
-                for f in range(D):
-                    for b in range(n, CH):
-                        zb[t, f, b] = 0.0
-
-    @numba.njit(nogil=True, boundscheck=False, cache=True)
-    def take(Z, pos, Zb, first, stop):  # to(Z[:, pos]) without the intermediate copy
+    def take(Z, pos, Zb, first, stop):  # the blocks of Z[:, pos] without an intermediate copy
         B, _, D = Z.shape
         T, CH = Zb.shape[1], Zb.shape[3]
         for blk in range(first, stop):
@@ -71,7 +54,7 @@ def _kernels():
                     for f in range(D):
                         Z[b0 + b, t, f] = zb[t, f, b]
 
-    return to, back, take
+    return take, back
 
 
 def to_blocks(Z: np.ndarray, *, positions: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
@@ -79,14 +62,12 @@ def to_blocks(Z: np.ndarray, *, positions: np.ndarray | None = None, threads: in
     ``positions`` (int64), those tokens only: the blocked layout of ``Z[:, positions]``."""
     B, T, D = Z.shape
     if positions is None:
-        Zb = np.empty((-(-B // LANES), T, D, LANES), Z.dtype)
-        run_split(_kernels()[0], Zb.shape[0], Z, Zb, threads=threads)
-        return Zb
+        positions = np.arange(T)
     positions = np.asarray(positions, np.int64)
     if positions.ndim != 1 or np.any(positions < 0) or np.any(positions >= T):
         raise ValueError(f"token positions must be a 1-D array of indices in [0, {T})")
     Zb = np.empty((-(-B // LANES), positions.size, D, LANES), Z.dtype)
-    run_split(_kernels()[2], Zb.shape[0], Z, positions, Zb, threads=threads)
+    run_split(_kernels()[0], Zb.shape[0], Z, positions, Zb, threads=threads)
     return Zb
 
 
