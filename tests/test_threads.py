@@ -202,3 +202,80 @@ def test_run_split_from_several_threads_at_once():
 
     with concurrent.futures.ThreadPoolExecutor(4) as callers:
         assert all(callers.map(one, range(16)))
+
+
+_MXCSR_TEST_IR = """
+declare void @llvm.x86.sse.ldmxcsr(ptr)
+declare void @llvm.x86.sse.stmxcsr(ptr)
+define i32 @get() {
+entry:
+  %p = alloca i32
+  call void @llvm.x86.sse.stmxcsr(ptr %p)
+  %v = load i32, ptr %p
+  ret i32 %v
+}
+define void @set(i32 %v) {
+entry:
+  %p = alloca i32
+  store i32 %v, ptr %p
+  call void @llvm.x86.sse.ldmxcsr(ptr %p)
+  ret void
+}
+define void @mul(ptr noalias %a, ptr noalias %b, ptr noalias %out, i64 %first, i64 %stop) {
+entry:
+  br label %head
+head:
+  %i = phi i64 [%first, %entry], [%next, %body]
+  %c = icmp slt i64 %i, %stop
+  br i1 %c, label %body, label %done
+body:
+  %pa = getelementptr float, ptr %a, i64 %i
+  %pb = getelementptr float, ptr %b, i64 %i
+  %po = getelementptr float, ptr %out, i64 %i
+  %x = load float, ptr %pa
+  %y = load float, ptr %pb
+  %r = fmul float %x, %y
+  store float %r, ptr %po
+  %next = add i64 %i, 1
+  br label %head
+done:
+  ret void
+}
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="MXCSR is x86-64's")
+def test_run_split_flushes_denormals_on_every_thread_and_restores_the_callers_mode():
+    """Subnormal float32 results (FTZ) and operands (DAZ) are zero inside run_split on every thread, whatever the
+    caller's mode (here a thread's default: subnormals kept), and the caller's mode is back afterwards."""
+    import ctypes
+
+    from iclab._llvm import compile_function
+    from iclab.threads import run_split
+
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    get = compile_function(_MXCSR_TEST_IR, "get", ctypes.c_uint32, ())
+    set_ = compile_function(_MXCSR_TEST_IR, "set", None, (ctypes.c_uint32,))
+    mul = compile_function(_MXCSR_TEST_IR, "mul", None, (P, P, P, I, I))
+    flags = 0x8040  # FTZ, DAZ
+    saved = get()
+    set_(saved & ~flags)
+    try:
+        n = 64
+        cases = {"subnormal product (FTZ)": (np.full(n, 1e-20, np.float32), np.full(n, 1e-20, np.float32)),
+                 "subnormal operand (DAZ)": (np.full(n, 1e-39, np.float32), np.full(n, 1e10, np.float32))}
+        for name, (a, b) in cases.items():
+            out = np.empty(n, np.float32)
+            mul(a.ctypes.data, b.ctypes.data, out.ctypes.data, 0, n)
+            assert np.all(out != 0), name  # this thread's default mode keeps them
+            for threads in (1, 2, 3):
+                out[:] = 1
+                run_split(lambda first, stop: mul(a.ctypes.data, b.ctypes.data, out.ctypes.data, first, stop), n,
+                          threads=threads)
+                assert not out.any(), (name, threads)
+            assert get() & flags == 0  # the caller's mode restored
+        set_(saved | flags)  # a caller in XLA's mode keeps it
+        run_split(lambda first, stop: None, 2, threads=2)
+        assert get() & flags == flags
+    finally:
+        set_(saved)

@@ -7,6 +7,12 @@ vectors (``<16 x float>``) with ``noalias`` arguments, the same arithmetic keeps
 
 A compiled function releases the GIL while it runs (ctypes), so ``iclab.threads.run_split`` runs it on
 several threads, each on its own range of jobs.
+
+:func:`denormals_flushed` / :func:`restore_denormals` set and restore the calling thread's denormal mode
+(x86-64's MXCSR flush-to-zero and denormals-are-zero), which ``run_split`` sets around every kernel run: XLA
+sets it on the threads running its CPU code (a jitted call and its host callbacks), a thread started
+elsewhere (the kernel pool, a test) does not have it, so without this a float32 kernel's bits and speed
+depended on the thread it ran on (a subnormal operand costs a microcode assist of ≈ 100 cycles).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import platform
 import threading
 
-__all__ = ["compile_function", "opaque"]
+__all__ = ["compile_function", "denormals_flushed", "opaque", "restore_denormals"]
 
 _ENGINES: dict[str, object] = {}  # keeps each module's machine code alive for the life of the process
 # LLVM's global context is not thread-safe, and two host callbacks of one jitted step may ask for kernels at once
@@ -61,3 +68,64 @@ def opaque(result: str, pointer: str) -> str:
     through nor hoist: loads from ``result`` stay where they are written (folded into the arithmetic as memory
     operands) instead of being hoisted out of a loop, merged with loads elsewhere and spilled."""
     return f'{result} = call ptr asm sideeffect "", "=r,0"(ptr {pointer})'
+
+
+#: MXCSR's flush-to-zero (bit 15: subnormal results become 0) and denormals-are-zero (bit 6: subnormal
+#: operands read as 0) flags, the mode XLA computes in on the CPU.
+FTZ_DAZ = 0x8040
+
+_MXCSR_IR = f"""
+declare void @llvm.x86.sse.ldmxcsr(ptr)
+declare void @llvm.x86.sse.stmxcsr(ptr)
+define i32 @flush() {{
+entry:
+  %p = alloca i32
+  call void @llvm.x86.sse.stmxcsr(ptr %p)
+  %old = load i32, ptr %p
+  %new = or i32 %old, {FTZ_DAZ}
+  %same = icmp eq i32 %new, %old
+  br i1 %same, label %done, label %set
+set:
+  store i32 %new, ptr %p
+  call void @llvm.x86.sse.ldmxcsr(ptr %p)
+  br label %done
+done:
+  ret i32 %old
+}}
+define void @restore(i32 %old) {{
+entry:
+  %p = alloca i32
+  store i32 %old, ptr %p
+  call void @llvm.x86.sse.ldmxcsr(ptr %p)
+  ret void
+}}
+"""
+
+
+@functools.cache
+def _mxcsr():
+    """(flush, restore) compiled for this CPU, or None off x86-64 (where the mode is left as it is)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    return (compile_function(_MXCSR_IR, "flush", ctypes.c_uint32, ()),
+            compile_function(_MXCSR_IR, "restore", None, (ctypes.c_uint32,)))
+
+
+def denormals_flushed() -> int | None:
+    """Sets flush-to-zero and denormals-are-zero on the calling thread (x86-64's MXCSR; module docstring).
+
+    Returns:
+        The thread's previous MXCSR where the flags were not both set already (give it to
+        :func:`restore_denormals`), else None (nothing to restore; also off x86-64, where nothing is set).
+    """
+    fns = _mxcsr()
+    if fns is None:
+        return None
+    old = fns[0]()
+    return None if old & FTZ_DAZ == FTZ_DAZ else old
+
+
+def restore_denormals(old: int | None) -> None:
+    """Restores the calling thread's MXCSR returned by :func:`denormals_flushed` (None: nothing to do)."""
+    if old is not None:
+        _mxcsr()[1](old)

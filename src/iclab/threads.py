@@ -143,6 +143,17 @@ def _kernel_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="iclab-kernel")
 
 
+def _flushed(kernel, *args) -> None:
+    """``kernel(*args)`` with the calling thread's denormals flushed to zero, its mode restored after."""
+    from iclab._llvm import denormals_flushed, restore_denormals
+
+    old = denormals_flushed()
+    try:
+        kernel(*args)
+    finally:
+        restore_denormals(old)
+
+
 def run_split(kernel, jobs: int, *args, threads: int) -> None:
     """``kernel(*args, first, stop)`` over the jobs [0, jobs), split into contiguous runs, one per thread.
 
@@ -150,16 +161,18 @@ def run_split(kernel, jobs: int, *args, threads: int) -> None:
     is one thread's, so a result summed within a job does not depend on the thread count. ``threads`` is the
     caller's (its module's ``thread_count()``), capped at ``jobs``; the last run on the calling thread, the
     others on a pool kept for the process (several callers may share it: a pool thread never waits on another).
+    Every run computes with denormals flushed to zero, as XLA's CPU code does (``iclab._llvm.denormals_flushed``):
+    the same bits on any thread, whoever started it and in whatever mode.
     """
     threads = max(1, min(threads, jobs))
     if threads == 1:
-        kernel(*args, 0, jobs)
+        _flushed(kernel, *args, 0, jobs)
         return
     bounds = [jobs * i // threads for i in range(threads + 1)]
     pool = _kernel_pool(threads - 1)
-    futures = [pool.submit(kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
+    futures = [pool.submit(_flushed, kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
     try:
-        kernel(*args, bounds[threads - 1], bounds[threads])
+        _flushed(kernel, *args, bounds[threads - 1], bounds[threads])
     finally:  # the pool's runs finish (or fail) before this returns or raises: they write the caller's arrays
         for f in futures:
             f.exception()
