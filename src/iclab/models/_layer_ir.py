@@ -133,6 +133,21 @@ class _Builder:
             acc = self.mul(w, x) if acc is None else self.fma(w, x, acc)
         return acc
 
+    def dots(self, chains, group: int = 16) -> list[str]:
+        """[:meth:`dot` (ws, xs, start) for each chain], the same FMAs chain by chain (the same bits), emitted
+        interleaved by ``group`` chains at a time: their independent FMAs side by side in the instruction stream
+        instead of one chain's dependent FMAs back to back (the gated backward 1-3 % faster, within noise)."""
+        out = []
+        for g0 in range(0, len(chains), group):
+            part = chains[g0:g0 + group]
+            accs = [start for _, _, start in part]
+            for i in range(max(len(ws) for ws, _, _ in part)):
+                for r, (ws, xs, _) in enumerate(part):
+                    if i < len(ws):
+                        accs[r] = self.mul(ws[i], xs[i]) if accs[r] is None else self.fma(ws[i], xs[i], accs[r])
+            out += accs
+        return out
+
     def lane_sum(self, vector: str, base: str, offset) -> None:
         """Stores at base[offset] the sum of the vector's lanes, in lane order and in double (as the numba
         kernels' ``acc = 0.0`` loops)."""
@@ -155,11 +170,15 @@ class _Builder:
 
     def projections(self, z, D: int):
         """[q, k, v]: W z for W = W_Q, W_K, W_V, each D vectors."""
-        return [[self.dot([self.weight(W, D, e, f) for f in range(D)], z) for e in range(D)]
+        return [self.dots([([self.weight(W, D, e, f) for f in range(D)], z, None) for e in range(D)])
                 for W in ("%WQ", "%WK", "%WV")]
 
     def text(self) -> str:
         return "\n".join(self.lines + ["}"])
+
+
+#: Vectors per token of the gated backward's scratch DA: ā_t, and g_t, 1 − g_t from pass 1 for pass 2.
+DA_SLOTS = 3
 
 
 def _tile_rows(D: int) -> int:
@@ -262,9 +281,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     thread: QKV and G (T, 3, D, LANES) (q, k, v and q̄, k̄, v̄ per token), ACC (2, D, D, LANES) (S or E, and X).
 
     ``gated`` (residual only; ``gla_native``'s scalar-gated layer, g_t = φ(a_t), a_t = w_gᵀ z_t): ``backward(Z, WQ,
-    WK, WV, wg, O, dO, dZ, dW, dwg, QKV, G, DA, ACC, T, first, stop)`` with O the forward's outputs, DA (T, LANES)
-    scratch; E_t = g_{t+1} E_{t+1} +
-    ō_t q_tᵀ, and the gates through the cumulative log gates (``gla_native._gated_layer_source``):
+    WK, WV, wg, O, dO, dZ, dW, dwg, QKV, G, DA, ACC, T, first, stop)`` with O the forward's outputs, DA (T, 3, LANES)
+    scratch (ā_t, and g_t, 1 − g_t kept from pass 1 for pass 2, which recomputed them: at D = 16, T = 103, 16
+    blocks on one thread, 4.4-4.7 → 4.2-4.3 ms, the same bits); E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ, and the gates through the cumulative log gates (``gla_native._gated_layer_source``):
     R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u), ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk]
     (D) the block's w̄_g."""
     if gated and (grad_lam or not residual):
@@ -296,7 +315,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit("br label %p1")
 
     def token_pointers(loop):
-        ir.emit(f"%{loop}.off = mul i64 %{loop}.i, {LANES}")  # DA's offset (one vector per token)
+        ir.emit(f"%{loop}.off = mul i64 %{loop}.i, {DA_SLOTS * LANES}")  # DA's offset (ā_t, g_t, 1 − g_t)
         ir.emit(f"%{loop}.zoff = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.toff = add i64 %base, %{loop}.zoff")
         ir.emit(f"%{loop}.soff = mul i64 %{loop}.i, {3 * D * LANES}")
@@ -308,7 +327,12 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     zp, dop, dzp, sp, gp = token_pointers("p1")
     z = [ir.load(zp, f) for f in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
-    decay = _gates(ir, z, D)[0] if gated else lam
+    if gated:  # g_t and 1 − g_t kept for pass 2
+        decay, sm = _gates(ir, z, D)
+        ir.store(decay, ir.gep("%DA", "%p1.off"), 1)
+        ir.store(sm, ir.gep("%DA", "%p1.off"), 2)
+    else:
+        decay = lam
     q, k, v = qkv = ir.projections(z, D)
     for i in range(3):
         for e in range(D):
@@ -322,8 +346,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     for e in range(D):
         ir.store(dq[e], gp, e)
     if grad_z:
+        zbar = ir.dots([([ir.weight("%WQ", D, e, f) for e in range(D)], dq, do[f] if residual else None)
+                        for f in range(D)])
         for f in range(D):
-            ir.store(ir.dot([ir.weight("%WQ", D, e, f) for e in range(D)], dq, do[f] if residual else None), dzp, f)
+            ir.store(zbar[f], dzp, f)
     ir.emit("br label %p1")
     ir.label("p1.done")
     for e in range(D):
@@ -342,7 +368,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     zp, dop, dzp, sp, gp = token_pointers("p2")
     if gated:  # E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ (g_T = 0), and R's running sum (phis inserted below)
         decay = "%gnext"
-        gt, sm = _gates(ir, [ir.load(zp, f) for f in range(D)], D)
+        gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
     v = [ir.load(sp, 2 * D + e) for e in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
     dk, dv, gl = [zero] * D, [None] * D, "%gl"
@@ -378,13 +404,13 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.emit(f"%R.n = fadd {V} %R, {_sub(ir, oo, ir.dot(k, dk))}")
         da = ir.mul(sm, "%R.n")
         ir.store(da, ir.gep("%DA", "%p2.off"), 0)
-    if grad_z:
+    if grad_z:  # z̄_t[f] += [ā_t w_g[f] +] Σ_e (W_K[e, f] k̄_t[e] + W_V[e, f] v̄_t[e])
+        chains = []
         for f in range(D):
-            acc = ir.mul(da, ir.weight("%wg", D, 0, f)) if gated else None
-            for e in range(D):
-                wk = ir.weight("%WK", D, e, f)
-                acc = ir.mul(wk, dk[e]) if acc is None else ir.fma(wk, dk[e], acc)
-                acc = ir.fma(ir.weight("%WV", D, e, f), dv[e], acc)
+            ws = [w for e in range(D) for w in (ir.weight("%WK", D, e, f), ir.weight("%WV", D, e, f))]
+            xs = [x for e in range(D) for x in (dk[e], dv[e])]
+            chains.append((ws, xs, ir.mul(da, ir.weight("%wg", D, 0, f)) if gated else None))
+        for f, acc in enumerate(ir.dots(chains)):
             ir.store(ir.add(ir.load(dzp, f), acc), dzp, f)
     ir.emit("br label %p2")
     ir.label("p2.done")
@@ -511,7 +537,7 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True):
         check(Z, WQ, WK, WV, wg, O, dO, *((dZ,) if grad_z else ()))
         T = Z.shape[1]
         QKV, G = np.empty((T, 3, D, LANES), dtype), np.empty((T, 3, D, LANES), dtype)
-        DA, ACC = np.empty((T, LANES), dtype), np.empty((2, D, D, LANES), dtype)
+        DA, ACC = np.empty((T, DA_SLOTS, LANES), dtype), np.empty((2, D, D, LANES), dtype)
         dz = _pointer(dZ, dtype) if grad_z else 0
         bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), dz,
             *(_pointer(a, dtype) for a in (dW, dwg, QKV, G, DA, ACC)), T, first, stop)
