@@ -197,11 +197,12 @@ register(
             "paper": {"seeds": 10, "kernel": "native"},
         },
         runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
-                 "paper": "not run to the end. Training with the compiled kernels (kernel = native): 0.37-0.41 s "
-                          "per Adam step for the whole grid jointly on the idle 2-core machine (`iclab bench gating`, 27 "
-                          "Nov 2026, three runs at 17:48-17:55: every float32 kernel as LLVM IR, whole models on the "
-                          "threads; 0.55 s at 14:45 with the IR layers only, 0.88 s on 26 Nov), ≈ 1.0-1.15 h plus "
-                          "evaluation. A sample of its shards at the paper's settings (`--set "
+                 "paper": "5528 s (92 min) on the idle 2-core machine, the whole grid jointly (27 Nov 2026, "
+                          "20:43-22:16, kernel = native: every float32 kernel as LLVM IR, whole models on the threads), "
+                          "4/4 checks; ≈ 0.58 s per Adam step in the run against 0.42 s in `iclab bench gating`'s step "
+                          "(the same evening; 0.37-0.41 s on 27 Nov 17:48-17:55, 0.88 s on 26 Nov): the run's step "
+                          "costs ≈ 40 % more than the bench's, not explained yet. Best of 10 seeds at n̄ = 40, 50: "
+                          "0.216, 0.182 (1 layer; eq 17: 0.216, 0.180), 0.055, 0.032 (2), 0.024, 0.020 (3). Before it, a sample of its shards at the paper's settings (`--set "
                           "'n_bars=[0,1,40,50]' --executor local`, 26 Nov 2026, tests sharing the cores): L1.n0-1 524 s, "
                           "L1.n40-50 1184 s, L2.n0-1 1168 s, L2.n40-50 3266 s, "
                           "L3.n0-1 1575 s, L3.n40-50 3715 s (the last two beside each other for 35 min). Assembled from "
@@ -214,8 +215,11 @@ register(
                           "workers, one shard each (`--executor ray`), make the figure ≈ 1 h; with the kernels of 27 Nov "
                           "(L1 0.006-0.071 s, L2 0.018-0.112 s, L3 0.023-0.151 s per step; the shards not rerun) the "
                           "largest shard trains in ≈ 25 min, so that hour is an upper bound (lower still with the kernels "
-                          "of 17:55, not measured per shard). The flop floor at the measured peak is 16-18 min of 2-core "
-                          "time (2.05·10¹⁴ flops at 194-220 GFLOP/s)"},
+                          "of 17:55, not measured per shard). Two shards of the full grid run sharded on this machine "
+                          "(`--executor local --workers 1`, 27 Nov 20:12-20:42, tests sharing the cores part of the time): "
+                          "L1.n0-1 415 s, L1.n2-5 665 s: on one machine the joint run is the cheaper form (each shard "
+                          "draws the whole batch at n̄ = 50 every step). The flop floor at the measured peak is 13-18 min "
+                          "of 2-core time (2.05·10¹⁴ flops at 194-268 GFLOP/s); the joint run took 5-7× that"},
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
