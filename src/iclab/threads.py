@@ -29,6 +29,8 @@ import os
 import sys
 import warnings
 
+from iclab._llvm import denormals_flushed, restore_denormals  # standard library only at import
+
 __all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "run_split", "set_threads",
            "thread_count"]
 
@@ -145,8 +147,6 @@ def _kernel_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
 
 def _flushed(kernel, *args) -> None:
     """``kernel(*args)`` with the calling thread's denormals flushed to zero, its mode restored after."""
-    from iclab._llvm import denormals_flushed, restore_denormals
-
     old = denormals_flushed()
     try:
         kernel(*args)
