@@ -36,3 +36,21 @@ def test_blocks_of_chosen_token_positions():
     for bad in (np.array([0, 11]), np.array([-1]), np.zeros((2, 2), np.int64)):
         with pytest.raises(ValueError, match="positions"):
             _blocked.to_blocks(Z, positions=bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_aligned_arrays_start_on_a_cache_line(dtype):
+    """aligned_empty's arrays (the kernels' blocked arrays and scratch) start on ALIGN-byte boundaries whatever the
+    heap hands out (many sizes, kept alive so that each comes from a fresh place), C-contiguous, of the shape and
+    dtype asked; to_blocks and lanes return such arrays."""
+    keep = []
+    for n in range(1, 40):
+        a = _blocked.aligned_empty((n, 3), dtype)
+        assert a.ctypes.data % _blocked.ALIGN == 0
+        assert a.shape == (n, 3) and a.dtype == np.dtype(dtype) and a.flags.c_contiguous and a.flags.writeable
+        keep.append(a)
+    assert _blocked.aligned_empty(5, dtype).shape == (5,)
+    Z = np.ones((_blocked.LANES + 1, 4, 3), np.float32)
+    for _ in range(8):
+        keep += [_blocked.to_blocks(Z), _blocked.lanes(Z[:, 0], 2)]
+        assert keep[-2].ctypes.data % _blocked.ALIGN == 0 and keep[-1].ctypes.data % _blocked.ALIGN == 0

@@ -39,9 +39,10 @@ def _backward(kernel, Zb, W, lam, dOb):
     return dZb, dW, dlam
 
 
+@pytest.mark.parametrize("T", [11, 2 * _layer_ir.W_CHUNK + 3])  # the weight gradients' sums: one chunk, and three
 @pytest.mark.parametrize("residual", [True, False])
-def test_ir_kernels_equal_the_token_layout_kernels_in_float64(residual):
-    Z, dO, W = _operands(np.float64)
+def test_ir_kernels_equal_the_token_layout_kernels_in_float64(residual, T):
+    Z, dO, W = _operands(np.float64, T=T)
     B, T, _ = Z.shape
     lam = 0.85
     O_ref = native._host_layer_forward(Z, *W, lam, residual=residual)
@@ -164,11 +165,12 @@ def _gated_ir(Zb, W, wg, dOb, grad_z):
     return Ob, dZb, gW[0].T, gW[1].T, gW[2].T, dwg.sum(0)
 
 
-def test_gated_ir_kernels_equal_the_token_layout_kernels_in_float64(monkeypatch):
+@pytest.mark.parametrize("T", [9, 2 * _layer_ir.W_CHUNK + 3])  # the weight gradients' sums: one chunk, and three
+def test_gated_ir_kernels_equal_the_token_layout_kernels_in_float64(monkeypatch, T):
     """Outputs, the input cotangent (or none on a first layer), every weight's and the gate weights' gradients,
     against gla_native's token-layout kernels (tested against the naive forms); spare lanes zero; the same bits
     for 1, 2 and 3 threads."""
-    Z, dO, W, wg = _gated_case(np.float64)
+    Z, dO, W, wg = _gated_case(np.float64, T=T)
     B = Z.shape[0]
     O = gla_native._host_layer_forward(Z, *W, wg, residual=True)
     ref = gla_native._host_layer_backward(Z, *W, wg, O, dO, residual=True)

@@ -698,7 +698,7 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     Zs = [Zb]
     nb = Zb.shape[0]
     for l in range(L - 1):
-        Zs.append(np.empty_like(Zs[0]))
+        Zs.append(_blocked.aligned_empty(Zs[0].shape, dt))
         _run_blocks(fwd, nb, Zs[-2], WQ[l], WK[l], WV[l], lam, Zs[-1])
     ZL = Zs[-1]
     zq = _blocked.unlanes(ZL[:, -1], B)  # (B, D) query tokens
@@ -712,7 +712,7 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     err, H, J, dy = (np.empty((nb, LANES), dt), np.empty((nb, D, LANES), dt), np.empty((nb, D, LANES), dt),
                      np.empty((nb, LANES), dt))
     cot = grad and L > 1
-    dZ = np.empty_like(ZL) if cot else ZL[:0]
+    dZ = _blocked.aligned_empty(ZL.shape, dt) if cot else ZL[:0]
     _run_blocks(readout, nb, ZL, u, cb, w, wp, _blocked.lanes(y, nb), dt.type(2.0 / B), err, H, J, dy, dZ, cot)
     err = _blocked.unlanes(err, B)
     loss = np.mean(err * err, dtype=dt)
@@ -735,7 +735,7 @@ def _model_mse(Zb, B: int, WQ, WK, WV, lam, y, grad: bool, grad_lam: bool):
     dlam = np.empty(nb, dt)
     for l in range(L - 2, -1, -1):  # the layer kernel adds the residual path: Z̄_l = Z̄_{l+1} + its input cotangent
         bwd = _blocked_layer_kernels(D, dt, grad_z=l > 0, grad_lam=grad_lam)[1]
-        dZin = np.empty_like(ZL) if l > 0 else dZ  # layer 0 leaves it alone
+        dZin = _blocked.aligned_empty(ZL.shape, dt) if l > 0 else dZ  # layer 0 leaves it alone
         _run_blocks(bwd, nb, Zs[l], WQ[l], WK[l], WV[l], lam, dZ, dZin, dW, dlam)
         gW = dW.sum(axis=0)  # blocks in order
         gWQ[l], gWK[l], gWV[l] = gW

@@ -841,7 +841,7 @@ def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg, *, threads: int | None = None):
     :func:`_host_layer_forward`'s; the blocks split over ``threads`` (default ``thread_count()``)."""
     dt = Zb.dtype
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
-    O = np.empty_like(Zb)
+    O = _blocked.aligned_empty(Zb.shape, Zb.dtype)
     run_split(_blocked_gated_kernels(Zb.shape[2], dt)[0], Zb.shape[0], Zb, WQ, WK, WV, _readonly(wg, dt), O,
               threads=threads or thread_count())
     return O
@@ -853,7 +853,7 @@ def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True, *,
     dt = Zb.dtype
     nb, _, D, _ = Zb.shape
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
-    dZ = np.empty_like(Zb) if grad_z else Zb[:0]
+    dZ = _blocked.aligned_empty(Zb.shape, dt) if grad_z else Zb[:0]
     dW = np.empty((nb, 3, D, D), dt)
     dwg = np.empty((nb, D), dt)
     run_split(_blocked_gated_kernels(D, dt, grad_z)[1], nb, Zb, WQ, WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg,
@@ -1006,7 +1006,7 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
         nb = Zs[-1].shape[0]
         lo, gv, gg = np.empty(nb, dt), np.empty((nb, D), dt), np.empty((nb, D), dt)
         gq, gk = np.empty((nb, D, D), dt), np.empty((nb, D, D), dt)
-        dZ = np.empty_like(Zs[-1]) if L > 1 else None
+        dZ = _blocked.aligned_empty(Zs[-1].shape, dt) if L > 1 else None
         query = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=L > 1, label=label)
         run_split(query, nb, Zs[-1], _blocked.lanes(y[s, rows[m]], nb), W[0][-1], W[1][-1],
                   np.ascontiguousarray(W[2][-1][:, label]), W[3][-1], B, lo, gq, gk, gv, gg, dZ, threads=threads)
