@@ -21,6 +21,9 @@ order; drift's forward and pass 1 give the same bits):
   token loop, 3D² broadcast vectors (23 KB at D = 11) were spilled to the stack and crowded the state out of L1;
 - the forward's state is carried in registers by the token loop's phis (LLVM spills what does not fit);
 - q_t and k_t of pass 2 are re-read per row of E from the block's scratch (memory operands, not 2D live vectors);
+- the backward's passes run a token's rows of S (or E) as a loop (``_rows_loop``), not unrolled: unrolled, LLVM
+  moved every row's state update ahead of the sums that read it and spilled the state to the stack (the
+  backward took 1.2× the time at D = 16);
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
   v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of rows × D accumulators, over chunks
   of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's z_t per tile came from L2:
@@ -241,6 +244,28 @@ def _loop_head(ir: _Builder, name: str, entry: str, latch: str, start: str, step
     return f"{name}.body"
 
 
+def _rows_loop(ir: _Builder, name: str, entry: str, n: int, init: list[str], body) -> list[str]:
+    """A loop over rows e = 0..n-1 (not unrolled) carrying the vectors ``init`` in phis: ``body(e, carried)``
+    emits one row's straight-line IR (``e`` an i64 value) and returns the carried vectors' next values. Returns
+    the carried vectors after the last row. A row's operations stay together: unrolled, LLVM's scheduler moved
+    every row's state update ahead of the accumulations that consume it and spilled the state to the stack."""
+    V = ir.V
+    ir.emit(f"br label %{name}")
+    ir.label(name)
+    ir.emit(f"%{name}.i = phi i64 [0, %{entry}], [%{name}.n, %{name}.body]")
+    carried = [f"%{name}.c{i}" for i in range(len(init))]
+    at = len(ir.lines)
+    ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, {n}")
+    ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
+    ir.label(f"{name}.body")
+    ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
+    new = body(f"%{name}.i", carried)
+    ir.emit(f"br label %{name}")
+    ir.lines[at:at] = [f"  {c} = phi {V} [{a}, %{entry}], [{b}, %{name}.body]" for c, a, b in zip(carried, init, new)]
+    ir.label(f"{name}.done")
+    return carried
+
+
 def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
     """IR of ``forward(Z, WQ, WK, WV, lam, O, T, first, stop)``: O = the layer's outputs for blocks [first, stop)
     of Z (blocks, T, D, LANES); the state S is carried by the token loop's phis (spilled as LLVM sees fit: at
@@ -340,7 +365,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
                 ir.gep("%QKV", f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
 
     # pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t
-    _loop_head(ir, "p1", "blk.body", "p1.body", "0", 1, "%T")
+    _loop_head(ir, "p1", "blk.body", "p1r.done", "0", 1, "%T")
     zp, dop, dzp, sp, gp = token_pointers("p1")
     z = [ir.load(zp, f) for f in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
@@ -350,16 +375,26 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.store(sm, ir.gep("%DA", "%p1.off"), 2)
     else:
         decay = lam
-    q, k, v = qkv = ir.projections(z, D)
+    qkv = ir.projections(z, D)
     for i in range(3):
         for e in range(D):
             ir.store(qkv[i][e], sp, i * D + e)
-    dq = [zero] * D
-    for e in range(D):
+
+    # S_t's rows one loop iteration each (_rows_loop): k_t, v_t[e], ō_t[e] read from memory, q̄ in the phis
+    def row(e, dq):
+        ir.emit(f"%p1r.so = mul i64 {e}, {D * LANES}")
+        ir.emit(f"%p1r.vo = mul i64 {e}, {LANES}")
+        kv = ir.opaque(sp)  # not the registers the projections left: they would crowd q̄ out
+        Sr = ir.gep("%ACC", "%p1r.so")
+        ve, doe = ir.load(ir.gep(kv, "%p1r.vo"), 2 * D), ir.load(ir.gep(dop, "%p1r.vo"), 0)
+        dq = list(dq)
         for j in range(D):
-            s = ir.fma(v[e], k[j], ir.mul(decay, ir.load("%ACC", state(0, e, j))))
-            ir.store(s, "%ACC", state(0, e, j))
-            dq[j] = ir.fma(s, do[e], dq[j])
+            s = ir.fma(ve, ir.load(kv, D + j), ir.mul(decay, ir.load(Sr, j)))
+            ir.store(s, Sr, j)
+            dq[j] = ir.fma(s, doe, dq[j])
+        return dq
+
+    dq = _rows_loop(ir, "p1r", "p1.body", D, [zero] * D, row)
     for e in range(D):
         ir.store(dq[e], gp, e)
     if grad_z:
@@ -376,7 +411,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit("br label %p2")
     # pass 2, t descending: E_t, k̄_t = E_tᵀ v_t, v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t, and λ̄
     ir.label("p2")
-    ir.emit("%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %p2.body]")
+    p2latch = "p2r.done"  # the token loop's last block: the rows loop's exit
+    ir.emit(f"%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %{p2latch}]")
     at = len(ir.lines)
     ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
     ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
@@ -386,34 +422,45 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     if gated:  # E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ (g_T = 0), and R's running sum (phis inserted below)
         decay = "%gnext"
         gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
-    v = [ir.load(sp, 2 * D + e) for e in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
-    dk, dv, gl = [zero] * D, [None] * D, "%gl"
-    for e in range(D):
-        row = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
-        q = [ir.load(row, j) for j in range(D)]
-        k = [ir.load(row, D + j) for j in range(D)]
-        old = [ir.load("%ACC", state(0, e, j)) for j in range(D)]
+
+    # E_t's rows one loop iteration each: k̄ (and λ̄'s sum) in the phis, v̄_t[e] stored per row
+    def row(e, carried):
+        ir.emit(f"%p2r.so = mul i64 {e}, {D * LANES}")
+        ir.emit(f"%p2r.vo = mul i64 {e}, {LANES}")
+        ir.emit(f"%p2r.xo = add i64 %p2r.so, {DD * LANES}")
+        rp = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
+        q = [ir.load(rp, j) for j in range(D)]
+        k = [ir.load(rp, D + j) for j in range(D)]
+        ve, doe = ir.load(ir.gep(rp, "%p2r.vo"), 2 * D), ir.load(ir.gep(dop, "%p2r.vo"), 0)
+        Er = ir.gep("%ACC", "%p2r.so")
+        old = [ir.load(Er, j) for j in range(D)]
+        dk, gl = list(carried[:D]), carried[D] if grad_lam else None
         if grad_lam:
-            x = []
+            Xr, x = ir.gep("%ACC", "%p2r.xo"), []
             for j in range(D):
-                x.append(ir.fma(lam, ir.load("%ACC", state(1, e, j)), old[j]))
-                ir.store(x[-1], "%ACC", state(1, e, j))
-            gl = ir.fma(v[e], ir.dot(x, k), gl)
+                x.append(ir.fma(lam, ir.load(Xr, j), old[j]))
+                ir.store(x[-1], Xr, j)
+            gl = ir.fma(ve, ir.dot(x, k), gl)
         new = []
         for j in range(D):
-            new.append(ir.fma(do[e], q[j], ir.mul(decay, old[j])))
-            ir.store(new[-1], "%ACC", state(0, e, j))
-            dk[j] = ir.fma(new[-1], v[e], dk[j])
-        dv[e] = ir.dot(new, k)
+            new.append(ir.fma(doe, q[j], ir.mul(decay, old[j])))
+            ir.store(new[-1], Er, j)
+            dk[j] = ir.fma(new[-1], ve, dk[j])
+        ir.store(ir.dot(new, k), ir.gep(gp, "%p2r.vo"), 2 * D)  # v̄_t[e]
+        return dk + ([gl] if grad_lam else [])
+
+    out = _rows_loop(ir, "p2r", "p2.body", D, [zero] * D + (["%gl"] if grad_lam else []), row)
+    dk, gl = out[:D], (out[D] if grad_lam else None)
+    vb = ir.opaque(gp)
+    dv = [ir.load(vb, 2 * D + e) for e in range(D)]
     if grad_lam:
-        ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %p2.body]")
+        ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %{p2latch}]")
     if gated:
-        ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %p1.done], [{gt}, %p2.body]",
-                           f"  %R = phi {V} [{zero}, %p1.done], [%R.n, %p2.body]"]
+        ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %p1.done], [{gt}, %{p2latch}]",
+                           f"  %R = phi {V} [{zero}, %p1.done], [%R.n, %{p2latch}]"]
     for e in range(D):
         ir.store(dk[e], gp, D + e)
-        ir.store(dv[e], gp, 2 * D + e)
     if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t
         op = ir.gep("%O", "%p2.toff")
         oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
