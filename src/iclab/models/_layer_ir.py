@@ -19,21 +19,21 @@ What differs from the numba kernels is where values live, not the arithmetic (th
 order; drift's forward and pass 1 give the same bits):
 - the weights are read as scalars broadcast at each use (through ``iclab._llvm.opaque``): hoisted out of the
   token loop, 3D² broadcast vectors (23 KB at D = 11) were spilled to the stack and crowded the state out of L1;
-- the forward's state is carried in registers by the token loop's phis (LLVM spills what does not fit);
-- q_t and k_t of pass 2 are re-read per row of E from the block's scratch (memory operands, not 2D live vectors);
-- the backward's passes run a token's rows of S (or E) as a loop (``_rows_loop``), not unrolled: unrolled, LLVM
-  moved every row's state update ahead of the sums that read it and spilled the state to the stack (the
-  backward took 1.2× the time at D = 16);
+- every pass runs a token's rows of S (or E) as a loop (``_rows_loop``), not unrolled, the state in memory (the
+  forward's on the stack) and q_t, k_t re-read per row as memory operands: unrolled (the forward's state in the
+  token loop's phis), LLVM moved every row's state update ahead of the sums that read it and spilled the state
+  to the stack (the forward took 1.1-1.3× and the backward 1.2× the time at D = 16, 1.4× and 1.1× at D = 11);
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
   v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of rows × D accumulators, over chunks
   of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's z_t per tile came from L2:
   the sums took 1.7× the time, D = 16, T = 103, one thread);
 - every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): the
-  gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives
-  (with both changes, 5.3 → 3.1·10³ cycles per token of a block at 2.1 GHz).
-In float32 this makes drift's forward ≈ 1.4× and backward ≈ 1.3× faster than the numba kernels at D = 11
-(``iclab bench drift`` times both side by side), gating's ≈ 1.2× and 1.3× at D = 16; in float64 (16 doubles are
-two registers) they are no faster, and the models keep the numba kernels there.
+  gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives.
+On 28 Nov 2026 the rows loops and the chunked sums took gating's layer (D = 16, T = 103, 16 blocks, one thread,
+aligned operands; 15 calls of each version alternated in one process, the fastest) from 0.86-1.04 to 0.79 ms
+(forward) and from 3.4-3.8 to 2.3-2.4 ms (backward), drift's (D = 11) from 0.43 to 0.31 ms and from 1.88 to
+1.16 ms. In float64 (16 doubles are two registers) the numba kernels stay the models' (the IR ones were no
+faster there before these changes; not measured since).
 """
 
 from __future__ import annotations
@@ -268,46 +268,50 @@ def _rows_loop(ir: _Builder, name: str, entry: str, n: int, init: list[str], bod
 
 def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
     """IR of ``forward(Z, WQ, WK, WV, lam, O, T, first, stop)``: O = the layer's outputs for blocks [first, stop)
-    of Z (blocks, T, D, LANES); the state S is carried by the token loop's phis (spilled as LLVM sees fit: at
-    D = 16 still faster than numba's state in memory). ``gated``: ``lam`` is
-    w_g (D,), and S_t = g_t S_{t-1} + v_t k_tᵀ with g_t = φ(w_gᵀ z_t)."""
+    of Z (blocks, T, D, LANES). ``gated``: ``lam`` is w_g (D,), and S_t = g_t S_{t-1} + v_t k_tᵀ with
+    g_t = φ(w_gᵀ z_t). The state S (D² vectors) lives on the stack, a token's rows updated one loop iteration
+    each (``_rows_loop``) with q_t, k_t read from the stack as memory operands: carried by the token loop's phis
+    instead, LLVM spilled most of it (≈ 1000 stack loads and stores a token at D = 16)."""
     ir = _Builder(dtype)
-    V = ir.V
     decay_arg = "ptr noalias %wg" if gated else f"{ir.ty} %lam"
     ir.lines.append(f"define void @forward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
                     f"{decay_arg}, ptr noalias %O, i64 %T, i64 %first, i64 %stop) {{")
     ir.label("entry")
+    ir.emit(f"%S = alloca {ir.V}, i64 {D * D}, align 64")
+    ir.emit(f"%QK = alloca {ir.V}, i64 {3 * D}, align 64")  # q_t, k_t, v_t
     lam = None if gated else ir.splat("%lam")
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "t.done", "%first", 1, "%stop")
     ir.emit("%base = mul i64 %blk.i, %T")
+    for i in range(D * D):
+        ir.store("zeroinitializer", "%S", i)
     ir.emit("br label %t")
-    # the state S (D² vectors) is carried by the token loop's phis
-    ir.label("t")
-    ir.emit("%t.i = phi i64 [0, %blk.body], [%t.n, %t.body]")
-    S = [[f"%S{e}_{j}" for j in range(D)] for e in range(D)]
-    at = len(ir.lines)
-    ir.emit("%t.c = icmp slt i64 %t.i, %T")
-    ir.emit("br i1 %t.c, label %t.body, label %t.done")
-    ir.label("t.body")
-    ir.emit("%t.n = add i64 %t.i, 1")
+    _loop_head(ir, "t", "blk.body", "fr.done", "0", 1, "%T")
     ir.emit(f"%off = mul i64 %t.i, {D * LANES}")
     ir.emit(f"%boff = mul i64 %base, {D * LANES}")
     ir.emit("%toff = add i64 %boff, %off")
     zp, op = ir.gep("%Z", "%toff"), ir.gep("%O", "%toff")
     z = [ir.load(zp, f) for f in range(D)]
     decay = _gates(ir, z, D)[0] if gated else lam
-    q, k, v = ir.projections(z, D)
-    new = [[None] * D for _ in range(D)]
-    for e in range(D):
-        acc = z[e] if residual else None
+    for i, x in enumerate(ir.projections(z, D)):
+        for e in range(D):
+            ir.store(x[e], "%QK", i * D + e)
+
+    def row(e, _):  # S_t[e] = g_t S_{t-1}[e] + v_t[e] k_t, o_t[e] = [z_t[e] +] S_t[e]·q_t
+        ir.emit(f"%fr.so = mul i64 {e}, {D * LANES}")
+        ir.emit(f"%fr.vo = mul i64 {e}, {LANES}")
+        qk, Sr = ir.opaque("%QK"), ir.gep("%S", "%fr.so")
+        ve = ir.load(ir.gep(qk, "%fr.vo"), 2 * D)
+        acc = ir.load(ir.gep(zp, "%fr.vo"), 0) if residual else None
         for j in range(D):
-            new[e][j] = ir.fma(v[e], k[j], ir.mul(decay, S[e][j]))
-            acc = ir.mul(new[e][j], q[j]) if acc is None else ir.fma(new[e][j], q[j], acc)
-        ir.store(acc, op, e)
+            s = ir.fma(ve, ir.load(qk, D + j), ir.mul(decay, ir.load(Sr, j)))
+            ir.store(s, Sr, j)
+            acc = ir.mul(s, ir.load(qk, j)) if acc is None else ir.fma(s, ir.load(qk, j), acc)
+        ir.store(acc, ir.gep(op, "%fr.vo"), 0)
+        return []
+
+    _rows_loop(ir, "fr", "t.body", D, [], row)
     ir.emit("br label %t")
-    ir.lines[at:at] = [f"  {S[e][j]} = phi {V} [zeroinitializer, %blk.body], [{new[e][j]}, %t.body]"
-                       for e in range(D) for j in range(D)]
     ir.label("t.done")
     ir.emit("br label %blk")
     ir.label("blk.done")
