@@ -450,7 +450,10 @@ register(
             "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
         ],
         runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
-                 "paper": "749 s (12.5 min) on the idle 2-core machine (run 27 Nov 2026, 15:19: the full layers as LLVM "
+                 "paper": "749 s (12.5 min) on the idle 2-core machine (run 27 Nov 2026, 15:19; rerun 28 Nov, 01:24, with the "
+                          "layer kernels' aligned operands, chunked weight-gradient sums and rows loops: 884 s, the same "
+                          "check values: slower, not faster; an hour before, this VM ran the unchanged samplers 1.4-1.8x "
+                          "slower than on 27 Nov, so the wall time does not isolate the kernels; 27 Nov: the full layers as LLVM "
                           "IR kernels (models._layer_ir) on the blocked layout, a first layer's backward without the token "
                           "cotangent, no λ̄ for a fixed λ, each group's models in one host call, the kernels' thread pool "
                           "kept; `iclab bench drift`: 0.36 s per step); 6/9 checks, every failure named by the checks' notes from the stored results. The "
