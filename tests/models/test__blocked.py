@@ -38,6 +38,21 @@ def test_blocks_of_chosen_token_positions():
             _blocked.to_blocks(Z, positions=bad)
 
 
+def test_blocks_written_into_a_given_array():
+    """to_blocks(..., out=a) fills a (every slot, spare lanes zeroed) and returns it; an out of another shape or
+    dtype is refused."""
+    rng = np.random.default_rng(4)
+    Z = rng.standard_normal((_blocked.LANES + 3, 6, 4)).astype(np.float32)
+    p = np.array([1, 2, 5])
+    out = np.full((2, 3, 4, _blocked.LANES), np.nan, np.float32)
+    assert _blocked.to_blocks(Z, positions=p, out=out) is out
+    np.testing.assert_array_equal(out, _blocked.to_blocks(Z[:, p]))
+    for bad in (np.empty((2, 6, 4, _blocked.LANES), np.float32), np.empty((2, 3, 4, _blocked.LANES)),
+                np.empty((2, 3, 4, 2 * _blocked.LANES), np.float32)[..., ::2]):
+        with pytest.raises(ValueError, match="out must be"):
+            _blocked.to_blocks(Z, positions=p, out=bad)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_aligned_arrays_start_on_a_cache_line(dtype):
     """aligned_empty's arrays (the kernels' blocked arrays and scratch) start on ALIGN-byte boundaries whatever the

@@ -214,6 +214,60 @@ def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeyp
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-6 * float(np.abs(b).max()))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("T", [9, 2 * _layer_ir.W_CHUNK + 3])
+def test_gathered_kernels_equal_the_kernels_on_a_copy_of_the_positions(dtype, T):
+    """The first layer's kernels and the one-layer query read-out, reading the tokens at positions P of a longer
+    blocked prompt in place (``gathered``), give the same bits as the kernels on the blocked copy of those tokens:
+    outputs, W̄_q, W̄_k, W̄_v, w̄_g, loss, ū (gla_native's multi-layer grid reads each n̄'s tokens so)."""
+    rng = np.random.default_rng(T)
+    Z, _, W, wg = _gated_case(dtype, T=2 * T + 1, seed=T)
+    B = Z.shape[0]
+    P = np.sort(rng.choice(2 * T, size=T - 1, replace=False)).astype(np.int64)
+    P = np.append(P, 2 * T)  # the query last
+    Zfull, Zsub = _blocked.to_blocks(Z), _blocked.to_blocks(Z, positions=P)
+    nb = Zsub.shape[0]
+    WT = [np.ascontiguousarray(w.T) for w in W]
+    dOb = _blocked.to_blocks(rng.standard_normal((B, T, DG)).astype(dtype))
+    y = _blocked.lanes(rng.standard_normal(B).astype(dtype), nb)
+    got = {}
+    for gathered in (False, True):
+        fwd, bwd = _layer_ir.gated_layer_kernels(DG, dtype, grad_z=False, gathered=gathered)
+        src = (Zfull, P) if gathered else (Zsub,)
+        Ob = np.full_like(Zsub, np.nan)
+        gla_native._run_jobs(fwd, nb, *src, *WT, wg, Ob)
+        dW, dwg = np.full((nb, 3, DG, DG), np.nan, dtype), np.full((nb, DG), np.nan, dtype)
+        gla_native._run_jobs(bwd, nb, *src, *WT, wg, Ob, dOb, Zsub[:0], dW, dwg)
+        query = _layer_ir.query_loss_kernel(DG, dtype, gated=True, residual=True, grad_z=False, label=3,
+                                            gathered=gathered)
+        outs = [np.full(nb, np.nan, dtype)] + [np.full((nb, DG, DG), np.nan, dtype) for _ in range(2)] + [
+            np.full((nb, DG), np.nan, dtype) for _ in range(2)]
+        args = (*src, y, W[0], W[1], np.ascontiguousarray(W[2][:, 3]), wg, B, *outs)
+        gla_native._run_jobs(query, nb, *(args if gathered else args + (None,)))
+        got[gathered] = [Ob, dW, dwg, *outs]
+    for a, b in zip(got[False], got[True]):
+        assert not np.isnan(a).any()
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gathered_kernels_refuse_bad_positions():
+    Z, _, W, wg = _gated_case(np.float64, T=6)
+    Zb = _blocked.to_blocks(Z)
+    with pytest.raises(ValueError, match="no cotangent"):
+        _layer_ir.gated_layer_kernels(DG, np.float64, grad_z=True, gathered=True)
+    with pytest.raises(ValueError, match="no grid, no token cotangents"):
+        _layer_ir.query_loss_kernel(DG, np.float64, gated=True, residual=True, grad_z=True, label=1, gathered=True)
+    fwd, _ = _layer_ir.gated_layer_kernels(DG, np.float64, grad_z=False, gathered=True)
+    WT = [np.ascontiguousarray(w.T) for w in W]
+    for P, match in ((np.array([0, 6], np.int64), "in \\[0, 6\\)"), (np.array([-1, 2], np.int64), "in \\[0, 6\\)"),
+                     (np.array([0, 2], np.int32), "int64"), (np.array([0, 1, 2], np.int64), "2 tokens")):
+        O = np.empty((Zb.shape[0], 2, DG, native.LANES))
+        with pytest.raises(ValueError, match=match):
+            fwd(Zb, P, *WT, wg, O, 0, Zb.shape[0])
+    with pytest.raises(ValueError, match="gathered tokens"):
+        fwd(Zb[:1], np.array([0, 1], np.int64), *WT, wg, np.empty((Zb.shape[0], 2, DG, native.LANES)), 0, 1)
+
+
 # gating's last layer read at the query (gla_native's query-loss kernel) on the blocked layout
 
 
@@ -328,6 +382,9 @@ def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_num
     pos, lens = gla_native.subsequence_positions([[0, 2, 5, 8], list(range(T))])
     used, kernels = [], _layer_ir.query_loss_kernel
     monkeypatch.setattr(_layer_ir, "query_loss_kernel", lambda *a, **k: used.append(k) or kernels(*a, **k))
+    layer_used, layer_kernels = [], _layer_ir.gated_layer_kernels
+    monkeypatch.setattr(_layer_ir, "gated_layer_kernels",
+                        lambda *a, **k: layer_used.append(k) or layer_kernels(*a, **k))
     for L in (1, 2):
         layers = [{k: jnp.asarray((0.4 * rng.standard_normal((1, 2) + sh)).astype(np.float32))
                    for k, sh in (("Wq", (DG, DG)), ("Wk", (DG, DG)), ("Wv", (DG, DG)), ("w_g", (DG,)))}
@@ -342,7 +399,12 @@ def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_num
 
             got[family] = jax.value_and_grad(loss)(layers)
             assert bool(used) == (family == "llvm") and all(k["grad_z"] == (L > 1) for k in used)
+            # the one-layer read-out and the first layer read the prompts' tokens at positions (gathered)
+            assert all(k.get("gathered", False) == (L == 1) for k in used)
+            if family == "llvm" and L > 1:
+                assert {(k["grad_z"], k["gathered"]) for k in layer_used} == {(False, True)}
             used.clear()
+            layer_used.clear()
         a, b = (jax.tree_util.tree_leaves(got[f]) for f in ("llvm", "numba"))
         for x, z in zip(a, b):
             assert x.dtype == jnp.float32

@@ -74,16 +74,24 @@ def _kernels():
     return take, back
 
 
-def to_blocks(Z: np.ndarray, *, positions: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+def to_blocks(Z: np.ndarray, *, positions: np.ndarray | None = None, threads: int = 1,
+              out: np.ndarray | None = None) -> np.ndarray:
     """Tokens (B, T, D) in the blocked layout (⌈B/LANES⌉, T, D, LANES), the spare lanes zero (a copy); with
-    ``positions`` (int64), those tokens only: the blocked layout of ``Z[:, positions]``."""
+    ``positions`` (int64), those tokens only: the blocked layout of ``Z[:, positions]``; written into ``out`` (a
+    C-contiguous array of that shape and Z's dtype) if given."""
     B, T, D = Z.shape
     if positions is None:
         positions = np.arange(T)
     positions = np.asarray(positions, np.int64)
     if positions.ndim != 1 or np.any(positions < 0) or np.any(positions >= T):
         raise ValueError(f"token positions must be a 1-D array of indices in [0, {T})")
-    Zb = aligned_empty((-(-B // LANES), positions.size, D, LANES), Z.dtype)
+    shape = (-(-B // LANES), positions.size, D, LANES)
+    if out is None:
+        Zb = aligned_empty(shape, Z.dtype)
+    elif out.shape != shape or out.dtype != Z.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {Z.dtype} array of shape {shape} (got {out.dtype}, {out.shape})")
+    else:
+        Zb = out
     run_split(_kernels()[0], Zb.shape[0], Z, positions, Zb, threads=threads)
     return Zb
 

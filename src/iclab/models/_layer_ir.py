@@ -266,16 +266,35 @@ def _rows_loop(ir: _Builder, name: str, entry: str, n: int, init: list[str], bod
     return carried
 
 
-def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
+#: The extra arguments of a kernel whose input tokens are gathered (``gathered=True``): the positions P (int64) and
+#: Z's tokens per block TZ.
+_GATHER_ARGS = ", ptr noalias %P, i64 %TZ"
+
+
+def _gathered_token(ir: _Builder, D: int, loop: str) -> str:
+    """The pointer to token P[t] (t = %{loop}.i) of block %blk.i of Z (blocks, TZ, D, LANES)."""
+    ir.emit(f"%{loop}.pp = getelementptr i64, ptr %P, i64 %{loop}.i")
+    ir.emit(f"%{loop}.pt = load i64, ptr %{loop}.pp")
+    ir.emit(f"%{loop}.zb = mul i64 %blk.i, %TZ")
+    ir.emit(f"%{loop}.zt = add i64 %{loop}.zb, %{loop}.pt")
+    ir.emit(f"%{loop}.zo = mul i64 %{loop}.zt, {D * LANES}")
+    return ir.gep("%Z", f"%{loop}.zo")
+
+
+def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: bool = False) -> str:
     """IR of ``forward(Z, WQ, WK, WV, lam, O, T, first, stop)``: O = the layer's outputs for blocks [first, stop)
     of Z (blocks, T, D, LANES). ``gated``: ``lam`` is w_g (D,), and S_t = g_t S_{t-1} + v_t k_tᵀ with
     g_t = φ(w_gᵀ z_t). The state S (D² vectors) lives on the stack, a token's rows updated one loop iteration
     each (``_rows_loop``) with q_t, k_t read from the stack as memory operands: carried by the token loop's phis
-    instead, LLVM spilled most of it (≈ 1000 stack loads and stores a token at D = 16)."""
+    instead, LLVM spilled most of it (≈ 1000 stack loads and stores a token at D = 16).
+
+    ``gathered``: two more arguments, ``(…, first, stop, P, TZ)``: the layer's input token t is token P[t] (int64)
+    of Z (blocks, TZ, D, LANES), so that models reading subsequences of one prompt share its blocked copy
+    (:func:`_gathered_token`)."""
     ir = _Builder(dtype)
     decay_arg = "ptr noalias %wg" if gated else f"{ir.ty} %lam"
     ir.lines.append(f"define void @forward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
-                    f"{decay_arg}, ptr noalias %O, i64 %T, i64 %first, i64 %stop) {{")
+                    f"{decay_arg}, ptr noalias %O, i64 %T, i64 %first, i64 %stop{_GATHER_ARGS if gathered else ''}) {{")
     ir.label("entry")
     ir.emit(f"%S = alloca {ir.V}, i64 {D * D}, align 64")
     ir.emit(f"%QK = alloca {ir.V}, i64 {3 * D}, align 64")  # q_t, k_t, v_t
@@ -290,7 +309,8 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
     ir.emit(f"%off = mul i64 %t.i, {D * LANES}")
     ir.emit(f"%boff = mul i64 %base, {D * LANES}")
     ir.emit("%toff = add i64 %boff, %off")
-    zp, op = ir.gep("%Z", "%toff"), ir.gep("%O", "%toff")
+    zp = _gathered_token(ir, D, "t") if gathered else ir.gep("%Z", "%toff")
+    op = ir.gep("%O", "%toff")
     z = [ir.load(zp, f) for f in range(D)]
     decay = _gates(ir, z, D)[0] if gated else lam
     for i, x in enumerate(ir.projections(z, D)):
@@ -319,7 +339,8 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False) -> str:
     return ir.text()
 
 
-def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gated: bool = False) -> str:
+def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gated: bool = False,
+                gathered: bool = False) -> str:
     """IR of ``backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, QKV, G, ACC, T, first, stop)`` for blocks
     [first, stop): dZ (blocks, T, D, LANES) the input cotangent (if ``grad_z``; [dO +] W_Qᵀq̄ + W_Kᵀk̄ + W_Vᵀv̄),
     dW[blk] (3, D, D) the block's W̄_Q, W̄_K, W̄_V, dlam[blk] its λ̄ (0 unless ``grad_lam``). Scratch of one
@@ -331,20 +352,27 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     scratch (ā_t, and g_t, 1 − g_t kept from pass 1 for pass 2, which recomputed them: at D = 16, T = 103, 16
     blocks on one thread, 4.4-4.7 → 4.2-4.3 ms, the same bits); E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ, and the gates through the cumulative log gates (``gla_native._gated_layer_source``):
     R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u), ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk]
-    (D) the block's w̄_g."""
+    (D) the block's w̄_g.
+
+    ``gathered`` (without ``grad_z``: the first layer, which reads data): Z read at positions, as in
+    :func:`forward_ir` (the arguments P, TZ last); O, dO and the scratch keep the layer's T tokens."""
     if gated and (grad_lam or not residual):
         raise ValueError("the gated layer kernels are residual and have no λ")
+    if gathered and grad_z:
+        raise ValueError("gathered tokens are data: they take no cotangent")
+    extra = _GATHER_ARGS if gathered else ""
     ir = _Builder(dtype)
     V, zero = ir.V, "zeroinitializer"
     if gated:
         ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
                         f"ptr noalias %wg, ptr noalias %O, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, "
                         f"ptr noalias %dlam, ptr noalias %QKV, ptr noalias %G, "
-                        f"ptr noalias %DA, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop) {{")
+                        f"ptr noalias %DA, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop{extra}) {{")
     else:
         ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
                         f"{ir.ty} %lam, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, ptr noalias %dlam, "
-                        f"ptr noalias %QKV, ptr noalias %G, ptr noalias %ACC, i64 %T, i64 %first, i64 %stop) {{")
+                        f"ptr noalias %QKV, ptr noalias %G, ptr noalias %ACC, i64 %T, i64 %first, "
+                        f"i64 %stop{extra}) {{")
     DD = D * D
 
     def state(k, e, j):  # slot of S/E (k = 0) or X (k = 1) in ACC
@@ -365,7 +393,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.emit(f"%{loop}.zoff = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.toff = add i64 %base, %{loop}.zoff")
         ir.emit(f"%{loop}.soff = mul i64 %{loop}.i, {3 * D * LANES}")
-        return (ir.gep("%Z", f"%{loop}.toff"), ir.gep("%dO", f"%{loop}.toff"), ir.gep("%dZ", f"%{loop}.toff"),
+        zp = _gathered_token(ir, D, loop) if gathered else ir.gep("%Z", f"%{loop}.toff")
+        return (zp, ir.gep("%dO", f"%{loop}.toff"), ir.gep("%dZ", f"%{loop}.toff"),
                 ir.gep("%QKV", f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
 
     # pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t
@@ -601,16 +630,22 @@ def layer_kernels(D: int, residual: bool, dtype, *, grad_z: bool = True, grad_la
 
 
 @functools.cache
-def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True):
+def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = False):
     """(forward, backward) of ``gla_native``'s residual scalar-gated layer on the blocked layout, with the numba
     kernels' signatures (``gla_native._gated_layer_source`` with ``blocked=True``): ``forward(Z, WQ, WK, WV, wg, O,
     first, stop)``, ``backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop)`` (weights transposed, as
-    there)."""
+    there).
+
+    ``gathered`` (without ``grad_z``): ``forward(Z, P, WQ, …)`` and ``backward(Z, P, WQ, …)`` read the layer's
+    input token t as token P[t] (P int64, C-contiguous) of Z (blocks, TZ, D, LANES); O, dO have the layer's
+    len(P) tokens. Many models reading subsequences of one prompt then share one blocked copy of it."""
     dtype = np.dtype(dtype)
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fwd = compile_function(forward_ir(D, True, dtype, gated=True), "forward", None, (P,) * 6 + (I, I, I))
-    bwd = compile_function(backward_ir(D, True, grad_z, False, dtype, gated=True), "backward", None,
-                           (P,) * 14 + (I, I, I))
+    extra = (P, I) if gathered else ()
+    fwd = compile_function(forward_ir(D, True, dtype, gated=True, gathered=gathered), "forward", None,
+                           (P,) * 6 + (I, I, I) + extra)
+    bwd = compile_function(backward_ir(D, True, grad_z, False, dtype, gated=True, gathered=gathered), "backward",
+                           None, (P,) * 14 + (I, I, I) + extra)
 
     def check(Z, WQ, WK, WV, wg, *tokens):
         if any(w.shape != (D, D) for w in (WQ, WK, WV)) or wg.shape != (D,):
@@ -631,7 +666,38 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True):
         bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), dz,
             *(_pointer(a, dtype) for a in (dW, dwg, QKV, G, DA, ACC)), T, first, stop)
 
-    return forward, backward
+    if not gathered:
+        return forward, backward
+
+    def gathered_forward(Z, P, WQ, WK, WV, wg, O, first, stop):
+        check(O, WQ, WK, WV, wg)
+        TZ = _check_gathered(Z, P, O.shape[0], O.shape[1], D)
+        fwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O)), O.shape[1], first, stop, P.ctypes.data, TZ)
+
+    def gathered_backward(Z, P, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop):
+        check(O, WQ, WK, WV, wg, dO)
+        TZ = _check_gathered(Z, P, O.shape[0], O.shape[1], D)
+        T = O.shape[1]
+        QKV, G = aligned_empty((T, 3, D, LANES), dtype), aligned_empty((T, 3, D, LANES), dtype)
+        DA, ACC = aligned_empty((T, DA_SLOTS, LANES), dtype), aligned_empty((acc_vectors(D), LANES), dtype)
+        bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), 0,
+            *(_pointer(a, dtype) for a in (dW, dwg, QKV, G, DA, ACC)), T, first, stop, P.ctypes.data, TZ)
+
+    return gathered_forward, gathered_backward
+
+
+def _check_gathered(Z: np.ndarray, P: np.ndarray, blocks: int, T: int, D: int) -> int:
+    """Checks Z (blocks, TZ, D, LANES) read at positions P for a kernel's ``blocks`` blocks of T tokens: P int64,
+    C-contiguous, of length T, every position in [0, TZ) (the kernels do not check). Returns TZ."""
+    if Z.ndim != 4 or Z.shape[2:] != (D, LANES) or Z.shape[0] != blocks:
+        raise ValueError(f"gathered tokens must be ({blocks}, TZ, {D}, {LANES}) (got {Z.shape})")
+    if not Z.flags.c_contiguous:
+        raise ValueError("gathered tokens must be C-contiguous")
+    if P.dtype != np.int64 or P.ndim != 1 or not P.flags.c_contiguous or P.shape[0] != T or T < 1:
+        raise ValueError(f"positions must be C-contiguous int64 of the kernel's {T} tokens (got {P.dtype}, {P.shape})")
+    if P.size and (P.min() < 0 or P.max() >= Z.shape[1]):
+        raise ValueError(f"positions must lie in [0, {Z.shape[1]})")
+    return Z.shape[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -713,12 +779,18 @@ def _grid_entry(ir: _Builder, D: int) -> None:
     ir.emit(f"%zrow = mul i64 %Tmax, {D}")
 
 
-def _query_keys(ir: _Builder, D: int, zb: str, QC: str) -> tuple[str, list[str]]:
+def _query_keys(ir: _Builder, D: int, zb: str, QC: str, gathered: bool = False) -> tuple[str, list[str]]:
     """q_j = Σ_f W_Q[f, j] z_T[f] and c_f = Σ_j W_K[f, j] q_j of the block's query token, stored at QC (q, then c);
-    returns (the query token's pointer, its D vectors)."""
+    returns (the query token's pointer, its D vectors). %zqo2: the query token's offset in the block (``gathered``:
+    the query is token P[T − 1] of the block at ``zb``)."""
     ir.emit(f"%zqo = mul i64 %T, {D * LANES}")
     ir.emit(f"%zqo2 = sub i64 %zqo, {D * LANES}")
-    zqp = ir.gep(zb, "%zqo2")
+    if gathered:
+        ir.emit("%zqt = sub i64 %T, 1")
+        ir.emit("%zqpp = getelementptr i64, ptr %P, i64 %zqt")
+        ir.emit("%zqpt = load i64, ptr %zqpp")
+        ir.emit(f"%zqoz = mul i64 %zqpt, {D * LANES}")
+    zqp = ir.gep(zb, "%zqoz" if gathered else "%zqo2")
     zq = [ir.load(zqp, f) for f in range(D)]
     q = [ir.dot([ir.weight("%Wq", D, f, j) for f in range(D)], zq) for j in range(D)]
     c = [ir.dot([ir.weight("%Wk", D, f, j) for j in range(D)], q) for f in range(D)]
@@ -826,7 +898,7 @@ def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
 
 
 def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int,
-                  grid: bool = False) -> str:
+                  grid: bool = False, gathered: bool = False) -> str:
     """IR of ``query(Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg, dZ, SC, T, first, stop, inv_B, two_inv_B)``: the
     query-loss kernel of ``gla_native`` (its module docstring: ŷ = [z_T[label] +] Σ_t ω_t s_t v_t, s_t = z_tᵀc,
     c = W_K W_Qᵀ z_T, v_t = z_tᵀu with u = (W_V)_{:,label}, ω_t = Π_{u>t} φ(w_gᵀz_u) or 1) for blocks [first, stop)
@@ -846,7 +918,12 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     operands (Z (S, R, B, Tmax, D), y (S, R, B), weights (S, M, G, …); no residual read-out, no z̄) and its jobs
     (s, m, g, block) of LANES prompts, outputs per job; each job first gathers its prompts' tokens
     ``pos[g, :lens[g]]`` into a blocked scratch after SC's other slots (masked gathers), then runs the passes
-    above."""
+    above.
+
+    ``gathered`` (not with ``grid`` or ``grad_z``): the arguments P, TZ last, token t of the prompt being token P[t]
+    of Z (blocks, TZ, D, LANES), as in :func:`forward_ir`."""
+    if gathered and (grid or grad_z):
+        raise ValueError("a gathered query kernel reads a blocked copy of data: no grid, no token cotangents")
     if grad_z and not residual:
         raise ValueError("token cotangents are those of a residual stream's last layer")
     if grid and residual:
@@ -866,7 +943,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %Wq, ptr noalias %Wk, "
                         f"ptr noalias %u, ptr noalias %wg, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, "
                         f"ptr noalias %gv, ptr noalias %gg, ptr noalias %dZ, ptr noalias %SC, i64 %T, i64 %first, "
-                        f"i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
+                        f"i64 %stop, {ty} %inv_B, {ty} %two_inv_B{_GATHER_ARGS if gathered else ''}) {{")
     ST, VT, GT, SM, OM, XC, XU, XW = range(8)  # the scratch's per-token slots
     ir.label("entry")
     one = ir.splat("1.0")
@@ -881,12 +958,12 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
                                    ("%u", "%WvA", D * D, label), ("%wg", "%WgA", D, 0)))
         first_pass = "gz.done"
     else:
-        ir.emit("%boff = mul i64 %blk.i, %T")
+        ir.emit(f"%boff = mul i64 %blk.i, {'%TZ' if gathered else '%T'}")
         ir.emit(f"%base = mul i64 %boff, {D * LANES}")
         zb = ir.gep("%Z", "%base")
         first_pass = "blk.body"
     dzb = ir.gep("%dZ", "%base") if grad_z else None
-    zqp, zq = _query_keys(ir, D, zb, QC)
+    zqp, zq = _query_keys(ir, D, zb, QC, gathered)
     ir.emit("br label %p1")
 
     def u_at(f):  # u = (W_V)_{:,label}: a column of the model's W_V in the grid, a vector of its own otherwise
@@ -895,7 +972,11 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     def token(loop):
         ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {8 * LANES}")
-        return ir.gep(zb, f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
+        if gathered:  # token P[t] of the block
+            ir.emit(f"%{loop}.pp = getelementptr i64, ptr %P, i64 %{loop}.i")
+            ir.emit(f"%{loop}.pt = load i64, ptr %{loop}.pp")
+            ir.emit(f"%{loop}.zg = mul i64 %{loop}.pt, {D * LANES}")
+        return ir.gep(zb, f"%{loop}.zg" if gathered else f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
 
     # pass 1: s_t = c·z_t, v_t = u·z_t, the gates of a_t = w_g·z_t
     _loop_head(ir, "p1", first_pass, "p1.body", "0", 1, "%T")
@@ -997,20 +1078,27 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
 
 
 @functools.cache
-def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int):
+def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int,
+                      gathered: bool = False):
     """The query-loss kernel of :func:`query_loss_ir`, compiled on first use: ``query(Z, y, Wq, Wk, u, wg, B, loss,
     gq, gk, gv, gg, dZ, first, stop)`` on blocks [first, stop) of Z (blocks, T, D, LANES) with y (blocks, LANES)
     (spare lanes zero), Wq, Wk (D, D) as the model's, u = (W_V)_{:,label} and w_g (D,), B the prompts (the mean's
     divisor); writes loss (blocks,), gq, gk (blocks, D, D), gv, gg (blocks, D) and, with ``grad_z``, dZ (Z's shape;
-    ignored without). Releases the GIL (``iclab.threads.run_split`` runs it on threads)."""
+    ignored without). Releases the GIL (``iclab.threads.run_split`` runs it on threads).
+
+    ``gathered`` (without ``grad_z``): ``query(Z, P, y, Wq, …)``, token t of the prompts being token P[t] (int64)
+    of Z (blocks, TZ, D, LANES), as :func:`gated_layer_kernels`'s."""
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=residual, grad_z=grad_z, label=label),
-                          "query", None, (P,) * 13 + (I, I, I, scalar, scalar))
+    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=residual, grad_z=grad_z, label=label,
+                                        gathered=gathered),
+                          "query", None, (P,) * 13 + (I, I, I, scalar, scalar) + ((P, I) if gathered else ()))
 
-    def query(Z, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, dZ, first, stop):
-        nb, T = Z.shape[:2]
+    def query(Z, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, dZ, first, stop, *gather):
+        nb, T = (Z.shape[0], gather[0].shape[0]) if gathered else Z.shape[:2]
+        if gathered:
+            TZ = _check_gathered(Z, gather[0], nb, T, D)
         if Z.shape[2:] != (D, LANES) or y.shape != (nb, LANES) or T < 1:
             raise ValueError(f"blocked tokens must be (blocks, T, {D}, {LANES}) and targets (blocks, {LANES}) "
                              f"(got {Z.shape}, {y.shape})")
@@ -1023,9 +1111,15 @@ def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: boo
         one = dtype.type(1.0)
         fn(*(_pointer(a, dtype) for a in (Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg)),
            _pointer(dZ, dtype) if grad_z else 0, _pointer(SC, dtype), T, first, stop, one / dtype.type(B),
-           dtype.type(2.0) / dtype.type(B))
+           dtype.type(2.0) / dtype.type(B), *((gather[0].ctypes.data, TZ) if gathered else ()))
 
-    return query
+    if not gathered:
+        return query
+
+    def gathered_query(Z, P, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, first, stop):
+        return query(Z, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, None, first, stop, P)
+
+    return gathered_query
 
 
 @functools.cache

@@ -830,34 +830,43 @@ def _gated_layer_kernels(D: int, dtype: str, residual: bool = False, *, blocked:
 FLOAT32_LAYERS = "llvm"
 
 
-def _blocked_gated_kernels(D: int, dt: np.dtype, grad_z: bool = True):
+def _blocked_gated_kernels(D: int, dt: np.dtype, grad_z: bool = True, gathered: bool = False):
     if dt == np.float32 and FLOAT32_LAYERS == "llvm":
-        return _layer_ir.gated_layer_kernels(D, np.float32, grad_z=grad_z)
+        return _layer_ir.gated_layer_kernels(D, np.float32, grad_z=grad_z, gathered=gathered)
+    if gathered:
+        raise ValueError("only the float32 IR layer kernels read tokens at positions")
     return _gated_layer_kernels(D, dt.name, True, blocked=True, grad_z=grad_z)
 
 
-def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg, *, threads: int | None = None):
+def _blocked_layer_forward(Zb, Wq, Wk, Wv, wg, *, threads: int | None = None, positions: np.ndarray | None = None):
     """Z + GLA(Z) of one residual layer on blocked tokens (``iclab.models._blocked``); weights as
-    :func:`_host_layer_forward`'s; the blocks split over ``threads`` (default ``thread_count()``)."""
+    :func:`_host_layer_forward`'s; the blocks split over ``threads`` (default ``thread_count()``). With
+    ``positions`` (int64, the IR kernels only) the layer's input is Zb's tokens at those positions, read in place:
+    the output has len(positions) tokens."""
     dt = Zb.dtype
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
-    O = _blocked.aligned_empty(Zb.shape, Zb.dtype)
-    run_split(_blocked_gated_kernels(Zb.shape[2], dt)[0], Zb.shape[0], Zb, WQ, WK, WV, _readonly(wg, dt), O,
-              threads=threads or thread_count())
+    gathered = positions is not None
+    O = _blocked.aligned_empty(Zb.shape[:1] + (len(positions),) + Zb.shape[2:] if gathered else Zb.shape, dt)
+    run_split(_blocked_gated_kernels(Zb.shape[2], dt, not gathered, gathered)[0], Zb.shape[0], Zb,
+              *((positions,) if gathered else ()), WQ, WK, WV, _readonly(wg, dt), O, threads=threads or thread_count())
     return O
 
 
-def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True, *, threads: int | None = None):
+def _blocked_layer_backward(Zb, Wq, Wk, Wv, wg, Ob, dOb, grad_z: bool = True, *, threads: int | None = None,
+                            positions: np.ndarray | None = None):
     """(Z̄ (None without ``grad_z``), W̄_q, W̄_k, W̄_v, w̄_g) of one residual layer on blocked tokens, given its output
-    Ob and Ōb (blocked); threads as :func:`_blocked_layer_forward`."""
+    Ob and Ōb (blocked); threads and ``positions`` (without ``grad_z``) as :func:`_blocked_layer_forward`."""
     dt = Zb.dtype
     nb, _, D, _ = Zb.shape
+    gathered = positions is not None
+    if gathered and grad_z:
+        raise ValueError("tokens read at positions are data: they take no cotangent")
     WQ, WK, WV = (_readonly(np.asarray(W).T, dt) for W in (Wq, Wk, Wv))
     dZ = _blocked.aligned_empty(Zb.shape, dt) if grad_z else Zb[:0]
     dW = np.empty((nb, 3, D, D), dt)
     dwg = np.empty((nb, D), dt)
-    run_split(_blocked_gated_kernels(D, dt, grad_z)[1], nb, Zb, WQ, WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg,
-              threads=threads or thread_count())
+    run_split(_blocked_gated_kernels(D, dt, grad_z, gathered)[1], nb, Zb, *((positions,) if gathered else ()), WQ,
+              WK, WV, _readonly(wg, dt), Ob, dOb, dZ, dW, dwg, threads=threads or thread_count())
     gW = dW.sum(axis=0)  # blocks in order; the kernel's W̄_• is the gradient of W_•ᵀ
     return (dZ if grad_z else None), gW[0].T, gW[1].T, gW[2].T, dwg.sum(axis=0)
 
@@ -960,6 +969,19 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         out = (loss, *grads)
         members = [(s, m, g) for s in range(S) for m in range(M) for g in range(G)]
         threads = thread_count()
+        prompts = None
+        if dt == np.float32 and FLOAT32_LAYERS == "llvm":
+            # each (seed, row)'s prompts on the blocked layout once, every n̄'s model reading its tokens at its
+            # positions in place: a copy per model cost ≈ 10 % of gating.fig2's step (memory-bound)
+            pairs = sorted({(s, int(r)) for s in range(S) for r in rows})
+            shape = (-(-B // _blocked.LANES), Z.shape[3], D, _blocked.LANES)
+            prompts = {pair: _blocked.aligned_empty(shape, dt) for pair in pairs}
+
+            def copy(first, stop):
+                for (s, r) in pairs[first:stop]:
+                    _blocked.to_blocks(Z[s, r], out=prompts[(s, r)])
+
+            run_split(copy, len(pairs), threads=threads)
         if threads > 1 and len(members) >= MODELS_PER_THREAD * threads:
             # the longest prompts first (their cost is ∝ T), each thread taking the next model when done: every
             # model's arithmetic is the same on any thread, so the result does not depend on the split
@@ -972,21 +994,25 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
                         member = next(queue, None)
                     if member is None:
                         return
-                    _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, 1)
+                    _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, 1,
+                                       prompts)
 
             run_split(worker, threads, threads=threads)
         else:
             for member in members:
-                _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, threads)
+                _multilayer_member(Z, y, Wq, Wk, Wv, wg, *member, label, positions, lengths, rows, out, threads,
+                                   prompts)
         return tuple(o if batched else o[0] for o in out)
 
     return call
 
 
 def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int, positions, lengths, rows, out,
-                       threads: int) -> None:
+                       threads: int, prompts: dict | None = None) -> None:
     """Member (s, m, g) of :func:`_host_multilayer`'s grid: its loss and weight gradients written into ``out``
-    (loss (S, M, G), then W̄_q, W̄_k, W̄_v (S, M, G, L, D, D), w̄_g (S, M, G, L, D)), its kernels on ``threads``."""
+    (loss (S, M, G), then W̄_q, W̄_k, W̄_v (S, M, G, L, D, D), w̄_g (S, M, G, L, D)), its kernels on ``threads``.
+    ``prompts`` (the IR kernels): (seed, row) -> those prompts on the blocked layout, which the first layer (or the
+    query read-out of a one-layer model) reads at the model's positions."""
     loss, *grads = out
     dt = Z.dtype
     B, D = Z.shape[2], Z.shape[4]
@@ -994,12 +1020,17 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
     T = int(lengths[g])
     W = [a[s, m, g] for a in (Wq, Wk, Wv, wg)]
     ir = dt == np.float32 and FLOAT32_LAYERS == "llvm"
-    if ir or L > 1:  # this n̄'s prompts on the blocked layout (each block read and written in place)
-        Zs = [_blocked.to_blocks(Z[s, rows[m]], positions=positions[g, :T])]
+    P = positions[g, :T]
+    at = {} if prompts is None else {"positions": P}  # the first layer's input read in place
+    if prompts is not None:
+        Zs = [prompts[(s, int(rows[m]))]]
+    elif ir or L > 1:  # this n̄'s prompts on the blocked layout (each block read and written in place)
+        Zs = [_blocked.to_blocks(Z[s, rows[m]], positions=P)]
     else:  # the token-layout kernel below reads them from Z (one model: S = R = M = G = 1)
-        Zs = [np.ascontiguousarray(Z[s, rows[m]][:, positions[g, :T]])[None, None]]
+        Zs = [np.ascontiguousarray(Z[s, rows[m]][:, P])[None, None]]
     for l in range(L - 1):
-        Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], threads=threads))
+        Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], threads=threads,
+                                         **(at if l == 0 else {})))
     # the last layer read at the query (residual read-out), its weight gradients and, below a stream, the token
     # cotangents
     if ir:
@@ -1007,9 +1038,16 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
         lo, gv, gg = np.empty(nb, dt), np.empty((nb, D), dt), np.empty((nb, D), dt)
         gq, gk = np.empty((nb, D, D), dt), np.empty((nb, D, D), dt)
         dZ = _blocked.aligned_empty(Zs[-1].shape, dt) if L > 1 else None
-        query = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=L > 1, label=label)
-        run_split(query, nb, Zs[-1], _blocked.lanes(y[s, rows[m]], nb), W[0][-1], W[1][-1],
-                  np.ascontiguousarray(W[2][-1][:, label]), W[3][-1], B, lo, gq, gk, gv, gg, dZ, threads=threads)
+        yb, u = _blocked.lanes(y[s, rows[m]], nb), np.ascontiguousarray(W[2][-1][:, label])
+        if L == 1 and at:
+            query = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=False, label=label,
+                                                gathered=True)
+            run_split(query, nb, Zs[-1], P, yb, W[0][-1], W[1][-1], u, W[3][-1], B, lo, gq, gk, gv, gg,
+                      threads=threads)
+        else:
+            query = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=L > 1, label=label)
+            run_split(query, nb, Zs[-1], yb, W[0][-1], W[1][-1], u, W[3][-1], B, lo, gq, gk, gv, gg, dZ,
+                      threads=threads)
         parts = (gq, gk, gv, gg)
     else:
         nb = Zs[-1].shape[0] if L > 1 else -(-B // CHUNK)
@@ -1028,7 +1066,8 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
     grads[3][s, m, g, -1] = parts[3].sum(axis=0)
     for l in range(L - 2, -1, -1):  # Z̄_l = Z̄_{l+1} + the layer's input cotangent (in the kernel)
         dZ, *gw = _blocked_layer_backward(Zs[l], W[0][l], W[1][l], W[2][l], W[3][l], Zs[l + 1], dZ,
-                                          grad_z=l > 0, threads=threads)  # the first layer reads data
+                                          grad_z=l > 0, threads=threads,  # the first layer reads data
+                                          **(at if l == 0 else {}))
         for i in range(4):
             grads[i][s, m, g, l] = gw[i]
 
