@@ -553,3 +553,103 @@ def test_inline_exponential_is_within_two_ulp():
     normal = x >= -87
     assert np.max(np.abs(y[normal] - ref[normal]) / ref[normal]) < 2 * 2.0 ** -23
     assert np.max(np.abs(y[~normal] - ref[~normal])) < 2e-38
+
+
+def _expf_pair_kernel():
+    """A kernel writing, for float32 lanes x from bit patterns start, start + 1, …: the inline expf (A) and
+    ``llvm.exp``, i.e. glibc's ``expf`` called per lane (B)."""
+    import ctypes
+
+    from iclab._llvm import compile_function
+
+    L = native.LANES
+    ir = _layer_ir._Builder(np.float32)
+    ir.lines.append("define void @f(ptr noalias %X, ptr noalias %A, ptr noalias %B, i64 %first, i64 %stop) {")
+    ir.label("entry")
+    ir.emit("br label %l")
+    _layer_ir._loop_head(ir, "l", "entry", "l.body", "%first", 1, "%stop")
+    ir.emit(f"%o = mul i64 %l.i, {L}")
+    x = ir.load(ir.gep("%X", "%o"), 0)
+    ir.store(_layer_ir._expf_glibc(ir, x), ir.gep("%A", "%o"), 0)
+    ir.emit(f"%ref = call {ir.V} @llvm.exp.v{L}f32({ir.V} {x})")
+    ir.store("%ref", ir.gep("%B", "%o"), 0)
+    ir.emit("br label %l")
+    ir.label("l.done")
+    ir.emit("ret void")
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    f = compile_function(ir.text(), "f", None, (P, P, P, I, I))
+
+    def both(x):
+        x = np.ascontiguousarray(x, np.float32)
+        assert x.size % L == 0
+        A, B = np.empty_like(x), np.empty_like(x)
+        from iclab.threads import run_split
+        run_split(lambda first, stop: f(x.ctypes.data, A.ctypes.data, B.ctypes.data, first, stop), x.size // L,
+                  threads=2)  # with the kernels' flush-to-zero
+        return A, B
+
+    return both
+
+
+def _same_floats(A, B):
+    return (A.view(np.uint32) == B.view(np.uint32)) | (np.isnan(A) & np.isnan(B))
+
+
+def test_inline_expf_is_glibc_expf_bit_for_bit():
+    """The scalar gates' inline expf (x ≤ 0) against glibc's expf per lane, bit for bit: a million random x in
+    [−110, 0], the ends of float32's range (−87.34: the smallest normal result; −103.97: glibc's zero; −110: the
+    clamp), −0, −inf, NaN, tiny and subnormal x."""
+    both = _expf_pair_kernel()
+    rng = np.random.default_rng(23)
+    special = np.array([-0.0, 0.0, -np.inf, np.nan, -1e-45, -1e-38, -1e-30, -1e-8, -0.5, -np.log(2), -1.0,
+                        -87.33654, -87.33655, -87.3366, -88.0, -103.97, -103.972, -104.0, -110.0, -110.00001,
+                        -1e4, -3.4e38], np.float32)
+    edges = np.concatenate([(np.float32(v).view(np.uint32) + np.arange(-64, 64)).astype(np.uint32).view(np.float32)
+                            for v in (-87.33655, -103.97208, -110.0)])  # 64 floats either side of each end
+    x = np.concatenate([-110 * rng.random(1 << 20).astype(np.float32), -np.abs(rng.standard_normal(1 << 16)
+                                                                               ).astype(np.float32), special, edges])
+    x = np.concatenate([x, np.zeros(-x.size % native.LANES, np.float32)])
+    A, B = both(x)
+    assert _same_floats(A, B).all(), x[~_same_floats(A, B)][:5]
+    assert B[x == -np.inf][0] == 0 and np.isnan(A[np.isnan(x)]).all() and (A[x == -0.0] == 1).all()
+
+
+@pytest.mark.slow
+def test_inline_expf_is_glibc_expf_on_every_float32_in_its_domain():
+    """Every float32 from −0 down to −110 (and 2²⁴ beyond): ≈ 1.16·10⁹ values, bit for bit."""
+    both = _expf_pair_kernel()
+    chunk = 1 << 24
+    for start in range(0x80000000, 0xC2DC0000 + chunk, chunk):
+        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        A, B = both(x)
+        ok = _same_floats(A, B)
+        assert ok.all(), x[~ok][:5]
+
+
+@pytest.mark.parametrize("T", [9, 40])
+def test_float32_gated_kernels_give_the_same_bits_with_the_inline_or_the_called_expf(monkeypatch, T):
+    """The gated layer's forward and backward and the query read-out in float32, built with the scalar gates' expf
+    inline (the default) and called per lane: the same bits."""
+    Z, dO, W, wg = _gated_case(np.float32, T=T, seed=31)
+    B = Z.shape[0]
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(dO)
+    nb = Zb.shape[0]
+    y = np.linspace(-1, 1, B).astype(np.float32)
+    got = {}
+    for inline in (True, False):
+        monkeypatch.setattr(_layer_ir, "INLINE_EXPF", inline)
+        fwd, bwd = _layer_ir.gated_layer_kernels.__wrapped__(DG, np.float32, grad_z=True)
+        WT = [np.ascontiguousarray(w.T) for w in W]
+        Ob = np.full_like(Zb, np.nan)
+        gla_native._run_jobs(fwd, nb, Zb, *WT, wg, Ob)
+        dZb, dW, dwg = np.full_like(Zb, np.nan), np.empty((nb, 3, DG, DG), np.float32), np.empty((nb, DG), np.float32)
+        gla_native._run_jobs(bwd, nb, Zb, *WT, wg, Ob, dOb, dZb, dW, dwg)
+        query = _layer_ir.query_loss_kernel.__wrapped__(DG, np.float32, gated=True, residual=True, grad_z=True,
+                                                         label=2)
+        outs = [np.empty(nb, np.float32), np.empty((nb, DG, DG), np.float32), np.empty((nb, DG, DG), np.float32),
+                np.empty((nb, DG), np.float32), np.empty((nb, DG), np.float32), np.full_like(Zb, np.nan)]
+        gla_native._run_jobs(query, nb, Zb, _blocked.lanes(y, nb), W[0], W[1], np.ascontiguousarray(W[2][:, 2]), wg,
+                             B, *outs)
+        got[inline] = [Ob, dZb, dW, dwg, *outs]
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)
