@@ -653,3 +653,38 @@ def test_float32_gated_kernels_give_the_same_bits_with_the_inline_or_the_called_
         got[inline] = [Ob, dZb, dW, dwg, *outs]
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [5, 16, 21])
+def test_transposed_lane_sums_are_the_lane_by_lane_sums_bit_for_bit(dtype, n):
+    """The backward's weight-gradient sums over the lanes, 16 at a time through a transpose (``lane_sums``),
+    against the sum lane by lane in double (``lane_sum``, the numba kernels' order): the same bits, for a partial
+    group, one group and more, at an offset; values of mixed magnitude so that the order of the additions
+    shows."""
+    import ctypes
+
+    from iclab._llvm import compile_function
+
+    L = native.LANES
+    rng = np.random.default_rng(n)
+    X = (rng.standard_normal((n, L)) * 10.0 ** rng.integers(-6, 7, (n, L))).astype(dtype)
+    outs = []
+    for fast in (True, False):
+        ir = _layer_ir._Builder(dtype)
+        ir.lines.append("define void @f(ptr noalias %X, ptr noalias %Y) {")
+        ir.label("entry")
+        vecs = [ir.load("%X", i) for i in range(n)]
+        if fast:
+            ir.lane_sums(vecs, "%Y", 3)
+        else:
+            for i, v in enumerate(vecs):
+                ir.lane_sum(v, "%Y", 3 + i)
+        ir.emit("ret void")
+        f = compile_function(ir.text(), "f", None, (ctypes.c_void_p, ctypes.c_void_p))
+        Y = np.full(n + 6, np.nan, dtype)
+        f(X.ctypes.data, Y.ctypes.data)
+        outs.append(Y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert np.isnan(outs[0][:3]).all() and np.isnan(outs[0][3 + n:]).all() and not np.isnan(outs[0][3:3 + n]).any()
+    np.testing.assert_allclose(outs[0][3:3 + n], X.astype(np.float64).sum(axis=1), rtol=1e-6)

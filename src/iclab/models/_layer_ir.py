@@ -176,6 +176,60 @@ class _Builder:
             acc = r
         self.emit(f"store {self.ty} {acc}, ptr {self.gep(base, offset)}")
 
+    def lane_sums(self, vectors: list[str], base: str, offset) -> None:
+        """base[offset + i] = :meth:`lane_sum` of ``vectors[i]`` (the same sums in the same order: the same bits),
+        16 at a time: the vectors transposed (four rounds of two-source shuffles), then added lane-parallel in
+        double, one lane per sum, instead of 16 extractions and additions per sum (a layer's backward ended with
+        ≈ 800 such sums per block: ≈ 14 µs, what 13 tokens cost)."""
+        ID = f"<{LANES} x double>"
+        for g0 in range(0, len(vectors), LANES):
+            group = list(vectors[g0:g0 + LANES])
+            n = len(group)
+            cur = group + ["zeroinitializer"] * (LANES - n)
+            h = LANES // 2
+            while h:  # swap the off-diagonal h × h blocks of every 2h × 2h block: after h = 1, the transpose
+                nxt = list(cur)
+                for i in range(LANES):
+                    if i & h:
+                        continue
+                    x, y = cur[i], cur[i + h]
+                    low = [l if not l & h else LANES + l - h for l in range(LANES)]
+                    high = [l + h if not l & h else LANES + l for l in range(LANES)]
+                    for j, mask in ((i, low), (i + h, high)):
+                        r = self.tmp()
+                        self.emit(f"{r} = shufflevector {self.V} {x}, {self.V} {y}, <{LANES} x i32> "
+                                  f"<{', '.join(f'i32 {m}' for m in mask)}>")
+                        nxt[j] = r
+                cur, h = nxt, h // 2
+            acc = "zeroinitializer"  # 0.0 + x_0 + x_1 + …, as lane_sum
+            for t in cur:
+                if self.ty == "float":
+                    d = self.tmp()
+                    self.emit(f"{d} = fpext {self.V} {t} to {ID}")
+                    t = d
+                a = self.tmp()
+                self.emit(f"{a} = fadd {ID} {acc}, {t}")
+                acc = a
+            if self.ty == "float":
+                r = self.tmp()
+                self.emit(f"{r} = fptrunc {ID} {acc} to {self.V}")
+                acc = r
+            p = self.gep(base, offset if g0 == 0 else self._offset(offset, g0))
+            if n == LANES:
+                self.emit(f"store {self.V} {acc}, ptr {p}, align 4")
+            else:
+                for i in range(n):
+                    x = self.tmp()
+                    self.emit(f"{x} = extractelement {self.V} {acc}, i32 {i}")
+                    self.emit(f"store {self.ty} {x}, ptr {self.gep(p, i)}")
+
+    def _offset(self, offset, add: int) -> str:
+        if isinstance(offset, int):
+            return str(offset + add)
+        r = self.tmp()
+        self.emit(f"{r} = add i64 {offset}, {add}")
+        return r
+
     def projections(self, z, D: int):
         """[q, k, v]: W z for W = W_Q, W_K, W_V, each D vectors."""
         return [self.dots([([self.weight(W, D, e, f) for f in range(D)], z, None) for e in range(D)])
@@ -577,11 +631,11 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.label("wc.done")
     for i, e0, e1 in tiles:
         for e in range(e0, e1):
-            for f in range(D):
-                if i == 3:
-                    ir.lane_sum(ir.load("%ACC", acc_slot(i, e, f)), gwp, f)
-                else:
-                    ir.lane_sum(ir.load("%ACC", acc_slot(i, e, f)), wp, (i * D + e) * D + f)
+            row = [ir.load("%ACC", acc_slot(i, e, f)) for f in range(D)]
+            if i == 3:
+                ir.lane_sums(row, gwp, 0)
+            else:
+                ir.lane_sums(row, wp, (i * D + e) * D)
     if grad_lam:
         ir.lane_sum("%gl", "%dlam", "%blk.i")
     elif not gated:  # (gated: %dlam is dwg, written by its tile above)
