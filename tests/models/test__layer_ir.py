@@ -688,3 +688,21 @@ def test_transposed_lane_sums_are_the_lane_by_lane_sums_bit_for_bit(dtype, n):
     np.testing.assert_array_equal(outs[0], outs[1])
     assert np.isnan(outs[0][:3]).all() and np.isnan(outs[0][3 + n:]).all() and not np.isnan(outs[0][3:3 + n]).any()
     np.testing.assert_allclose(outs[0][3:3 + n], X.astype(np.float64).sum(axis=1), rtol=1e-6)
+
+
+def test_scratch_is_aligned_kept_per_thread_and_grown():
+    """The kernels' scratch (``_scratch``): on a cache line, the same buffer for the same thread and slot while it
+    is large enough, a larger one when not, and another thread's its own (threads run kernels side by side)."""
+    import threading
+
+    a = _layer_ir._scratch(7, (10, 16), np.float32)
+    assert a % _blocked.ALIGN == 0
+    assert _layer_ir._scratch(7, (5, 16), np.float32) == a
+    assert _layer_ir._scratch(8, (5, 16), np.float32) != a
+    big = _layer_ir._scratch(7, (1000, 16), np.float64)
+    assert big % _blocked.ALIGN == 0 and _layer_ir._scratch(7, (10, 16), np.float32) == big
+    other = []
+    t = threading.Thread(target=lambda: other.append(_layer_ir._scratch(7, (10, 16), np.float32)))
+    t.start()
+    t.join()
+    assert other[0] != big and other[0] % _blocked.ALIGN == 0
