@@ -556,8 +556,8 @@ def test_inline_exponential_is_within_two_ulp():
 
 
 def _expf_pair_kernel():
-    """A kernel writing, for float32 lanes x from bit patterns start, start + 1, …: the inline expf (A) and
-    ``llvm.exp``, i.e. glibc's ``expf`` called per lane (B)."""
+    """``both(x)`` -> (A, B) for float32 x (a multiple of LANES values): the inline expf (A) and ``llvm.exp``, i.e.
+    glibc's ``expf`` called per lane (B), computed under the kernels' flush-to-zero."""
     import ctypes
 
     from iclab._llvm import compile_function

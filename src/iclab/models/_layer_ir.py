@@ -28,7 +28,13 @@ order; drift's forward and pass 1 give the same bits):
   of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's z_t per tile came from L2:
   the sums took 1.7× the time, D = 16, T = 103, one thread);
 - every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): the
-  gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives.
+  gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives;
+- the scalar gates' exponential is glibc's ``expf`` computed inline (``_expf_glibc``, equal to it on every
+  float32 it is given) in the forward and the query read-outs, not 16 calls per vector;
+- the weight gradients' sums over the lanes (≈ 3D² per block) are transposed and added 16 at a time
+  (``_Builder.lane_sums``), in the order of the lane-by-lane sums;
+- a first layer (and a one-layer read-out) may read its tokens at positions P of a longer blocked prompt
+  (``gathered``), so that gating.fig2's models of every n̄ share one blocked copy of their prompts.
 On 28 Nov 2026 the rows loops and the chunked sums took gating's layer (D = 16, T = 103, 16 blocks, one thread,
 aligned operands; 15 calls of each version alternated in one process, the fastest) from 0.86-1.04 to 0.79 ms
 (forward) and from 3.4-3.8 to 2.3-2.4 ms (backward), drift's (D = 11) from 0.43 to 0.31 ms and from 1.88 to
