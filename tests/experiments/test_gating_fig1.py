@@ -33,6 +33,32 @@ def test_padded_correlation_keeps_the_last_samples_of_each_block():
     assert not R[np.ix_([0, 1, 4, 5], range(8))].any() and not r[[0, 1, 4, 5]].any()
 
 
+@pytest.mark.parametrize("dtype, query_context", [("float32", "c0"), ("float64", "zero")])
+def test_shared_tokens_are_the_delimiter_prompt_tokens_bit_for_bit(dtype, query_context):
+    """The step's tokens built once from the panels' shared inputs equal ``gla.delimiter_prompt``'s per panel, in
+    both formats, and follow each panel's own labels."""
+    import jax.numpy as jnp
+
+    from iclab.tasks import multitask as mt
+
+    cfg = fig1.Fig1Config(d=3, p=4, n_bars=[0, 2, 5], panels=["a", "b", "d"], vector_panels=["d"], dtype=dtype,
+                          query_context=query_context)
+    dt = cfg.jnp_dtype()
+    factors = jnp.asarray(C.panel_factors(cfg.panel_values()), dt)
+    pr = jax.vmap(lambda L: mt.sample_blocks(jax.random.PRNGKey(4), 6, [5, 5], L, None, 0.3, d=3, dtype=dt))(factors)
+    contexts = C.sample_contexts(cfg).astype(dt)[0]
+    want = C._tokens(pr, contexts, 5, 5, cfg, {"delim", "plain"})
+    got = C._shared_tokens(pr, contexts, cfg, {"delim", "plain"})
+    assert set(got) == {"delim", "plain"}
+    for fmt in want:
+        assert got[fmt].shape == want[fmt].shape and got[fmt].dtype == want[fmt].dtype
+        np.testing.assert_array_equal(got[fmt], want[fmt], err_msg=fmt)
+    assert set(C._shared_tokens(pr, contexts, cfg, {"plain"})) == {"plain"}
+    moved = C._shared_tokens(pr._replace(y=pr.y.at[1, 2].add(1.0)), contexts, cfg, {"delim"})["delim"]
+    changed = np.any(np.asarray(moved != want["delim"]), axis=(2, 3))  # (P, B): which prompts changed
+    assert changed[1, 2] and changed.sum() == 1
+
+
 def test_theory_refs_classes_meet_their_closed_forms():
     d, n_bars = 4, [0, 1, 3]
     refs = C.theory_refs(d, 0.0, fig1.PANELS, n_bars, max(n_bars))

@@ -145,6 +145,25 @@ def test_does_not_depend_on_the_thread_count(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_one_row_of_tokens_serves_every_row_of_y(dtype):
+    """Z with one row (gating.fig1's panels share their tokens) gives the bits of that row repeated for every row
+    of y, for each one-layer kind and the multi-layer grid (float32: the IR kernels; float64: numba), under vmap
+    over seeds; the rows still pick each member's targets."""
+    Z, y = _tokens(3, native.CHUNK + 3, 13, dtype, key=14)
+    Z1 = jnp.stack([Z[:1], 0.5 * Z[:1]])  # (S, 1, B, T, D)
+    ZR, ys = jnp.broadcast_to(Z1, (2,) + Z.shape), jnp.stack([y, -y])
+    cases = [(_native, lambda k: _grid(kind, head, 2, 3, dtype, key=k)) for kind, head in KINDS]
+    cases.append((_native_multilayer, lambda k: _layers(2, dtype, key=k)))
+    for fn, make in cases:
+        P = jax.tree_util.tree_map(lambda *a: jnp.stack(a), make(30), make(31))
+        vg = jax.jit(jax.vmap(jax.value_and_grad(_weighted(fn))))
+        got, want = vg(P, Z1, ys), vg(P, ZR, ys)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(vg(P, Z1, ys[:, ::-1])[0], got[0])  # the rows pick y
+
+
 def test_bad_layouts_are_refused():
     Z, y = _tokens(3, 4, 13, jnp.float64)
     P = _grid("scalar", False, 2, 3, jnp.float64)
@@ -154,6 +173,8 @@ def test_bad_layouts_are_refused():
                               label=LABEL)
     with pytest.raises(ValueError, match="out of"):
         native.query_mse_grid(P, Z, y, positions=pos, lengths=lens, rows=[0, 3], label=LABEL)
+    with pytest.raises(ValueError, match="shared row"):
+        native.query_mse_grid(P, Z[:2], y, positions=pos, lengths=lens, rows=ROWS, label=LABEL)
     with pytest.raises(ValueError, match="grid"):
         native.query_mse_grid(P, Z, y, positions=pos[:2], lengths=lens[:2], rows=ROWS, label=LABEL)
     with pytest.raises(ValueError, match="increasing"):

@@ -961,8 +961,12 @@ def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
     ir.emit(f"%yoff = trunc {IV} %prompt to <{LANES} x i32>")
     ir.emit("%sr = mul i64 %js, %R")
     ir.emit("%sr2 = add i64 %sr, %r")
-    ir.emit("%yrow = mul i64 %sr2, %B")  # y[s, r, :] and Z[s, r] (times Tmax·D)
-    ir.emit("%zro = mul i64 %yrow, %zrow")
+    ir.emit("%yrow = mul i64 %sr2, %B")  # y[s, r, :]
+    ir.emit("%zr = urem i64 %r, %RZ")  # Z's row: r, or 0 where one row of Z serves every row of y
+    ir.emit("%zs = mul i64 %js, %RZ")
+    ir.emit("%zs2 = add i64 %zs, %zr")
+    ir.emit("%zs3 = mul i64 %zs2, %B")
+    ir.emit("%zro = mul i64 %zs3, %zrow")  # Z[s, r % RZ] (Tmax·D per prompt)
     for i, (name, base, size, offset) in enumerate(pointers):
         ir.emit(f"%wo{i} = mul i64 %model, {size}")
         ir.emit(f"%wp{i} = add i64 %wo{i}, {offset}")
@@ -1025,7 +1029,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %pos, ptr noalias %lens, "
                         f"ptr noalias %rows, ptr noalias %WqA, ptr noalias %WkA, ptr noalias %WvA, ptr noalias %WgA, "
                         f"ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, ptr noalias %gv, ptr noalias %gg, "
-                        f"ptr noalias %SC, i64 %R, i64 %B, i64 %Tmax, i64 %M, i64 %G, i64 %first, i64 %stop, "
+                        f"ptr noalias %SC, i64 %R, i64 %RZ, i64 %B, i64 %Tmax, i64 %M, i64 %G, i64 %first, i64 %stop, "
                         f"{ty} %inv_B, {ty} %two_inv_B) {{")
     else:
         ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %Wq, ptr noalias %Wk, "
@@ -1221,7 +1225,7 @@ def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=False, grad_z=False, label=label, grid=True),
-                          "query", None, (P,) * 15 + (I,) * 7 + (scalar, scalar))
+                          "query", None, (P,) * 15 + (I,) * 8 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label_, loss, gq, gk, gv, gg, gh, dZ, first, stop):
         if label_ != label:
@@ -1234,12 +1238,14 @@ def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
 
 def _call_grid(fn, D: int, dtype, width: int, Z, y, pos, lens, rows, weights, outputs, first: int, stop: int) -> None:
     """Checks a grid kernel's operands (``weights`` and ``outputs``: (array, trailing shape) pairs, after (S, M, G)
-    and (S, M, G, NB)) and calls it with a scratch of ``width`` vectors per token of T_max, then 2D + 1."""
-    S, R, B, Tmax, _ = Z.shape
+    and (S, M, G, NB)) and calls it with a scratch of ``width`` vectors per token of T_max, then 2D + 1. Z has the
+    R rows of y or one row that every row of y reads."""
+    S, RZ, B, Tmax, _ = Z.shape
+    R = y.shape[1] if y.ndim == 3 else RZ
     M, G = rows.shape[0], lens.shape[0]
     NB = -(-B // LANES)
-    if Z.shape[4] != D or y.shape != (S, R, B) or pos.shape != (G, Tmax):
-        raise ValueError(f"grid operands must be Z (S, R, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
+    if Z.shape[4] != D or y.shape != (S, R, B) or RZ not in (1, R) or pos.shape != (G, Tmax):
+        raise ValueError(f"grid operands must be Z (S, R or 1, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
     for a, tail in weights:
         if a.shape != (S, M, G) + tail:
             raise ValueError(f"grid weights must be (S, M, G) + {tail} (got {a.shape})")
@@ -1253,7 +1259,7 @@ def _call_grid(fn, D: int, dtype, width: int, Z, y, pos, lens, rows, weights, ou
     SC = aligned_empty((Tmax * width + 2 * D + 1) * LANES, dtype)
     index = np.dtype(np.int64)
     fn(_pointer(Z, dtype), _pointer(y, dtype), *(_pointer(a, index) for a in (pos, lens, rows)),
-       *(_pointer(a, dtype) for a, _ in weights + outputs), _pointer(SC, dtype), R, B, Tmax, M, G, first, stop,
+       *(_pointer(a, dtype) for a, _ in weights + outputs), _pointer(SC, dtype), R, RZ, B, Tmax, M, G, first, stop,
        dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
 
 
@@ -1423,7 +1429,7 @@ def vector_query_ir(D: int, dtype) -> str:
     ir.lines.append(f"define void @query(ptr noalias %Z, ptr noalias %y, ptr noalias %pos, ptr noalias %lens, "
                     f"ptr noalias %rows, ptr noalias %WqA, ptr noalias %WkA, ptr noalias %WvA, ptr noalias %WgA, "
                     f"ptr noalias %hA, ptr noalias %loss, ptr noalias %gq, ptr noalias %gk, ptr noalias %gv, "
-                    f"ptr noalias %gg, ptr noalias %gh, ptr noalias %SC, i64 %R, i64 %B, i64 %Tmax, i64 %M, "
+                    f"ptr noalias %gg, ptr noalias %gh, ptr noalias %SC, i64 %R, i64 %RZ, i64 %B, i64 %Tmax, i64 %M, "
                     f"i64 %G, i64 %first, i64 %stop, {ty} %inv_B, {ty} %two_inv_B) {{")
     # per-token scratch slots: s, v (D), φ (D), φ(−·) (D), ω (D); then X^v (D) and X^g (D) overwrite v and φ,
     # c̄_t the s slot's twin
@@ -1549,7 +1555,7 @@ def vector_grid_kernel(D: int, dtype):
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(vector_query_ir(D, dtype), "query", None, (P,) * 17 + (I,) * 7 + (scalar, scalar))
+    fn = compile_function(vector_query_ir(D, dtype), "query", None, (P,) * 17 + (I,) * 8 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
         _call_grid(fn, D, dtype, 4 * D + 2 + D, Z, y, pos, lens, rows,

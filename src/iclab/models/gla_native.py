@@ -113,11 +113,12 @@ def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg
         n = min(CH, B - b0)
         T = lens[g]
         r = rows[m]
+        rz = r % R  # Z may hold one row shared by every row of y
         for b in range(n):
             for t in range(T):
                 p = pos[g, t]
                 for f in range(D):
-                    zb[t, f, b] = Z[s, r, b0 + b, p, f]
+                    zb[t, f, b] = Z[s, rz, b0 + b, p, f]
         zq = zb[T - 1]
         # q = W_Qᵀ z_T, c = W_K q: s_t = z_tᵀ c
         q[:, :n] = 0.0
@@ -294,6 +295,7 @@ def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg
         n = min(CH, B - b0)
         T = lens[g]
         r = rows[m]
+        rz = r % R  # Z may hold one row shared by every row of y
         N = T * n
         # rows i = t·n + b (token-major), features contiguous
         for b in range(n):
@@ -301,7 +303,7 @@ def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg
                 p = pos[g, t]
                 i = t * n + b
                 for f in range(D):
-                    zr[i, f] = Z[s, r, b0 + b, p, f]
+                    zr[i, f] = Z[s, rz, b0 + b, p, f]
         Wvm = np.ascontiguousarray(Wv[s, m, g])
         for j in range(D):
             hh[j] = h[s, m, g, j]
@@ -425,12 +427,13 @@ def _source(kind: str, blocked: bool = False) -> str:
 # lens, rows and the weights as for the token layout with one model (S = R = M = G = 1).
 _BLOCKED_EDITS = (
     ("    S_, R, B, Tmax, _ = Z.shape\n", "    Tmax = Z.shape[1]\n    B = y.shape[2]\n"),
+    ("        rz = r % R  # Z may hold one row shared by every row of y\n", ""),
     ("    zb = np.empty((Tmax, D, CH), dt)\n", ""),
     ("""        for b in range(n):
             for t in range(T):
                 p = pos[g, t]
                 for f in range(D):
-                    zb[t, f, b] = Z[s, r, b0 + b, p, f]
+                    zb[t, f, b] = Z[s, rz, b0 + b, p, f]
 """, "        zb = Z[blk]\n"),
     ("dZ[s, m, g, b0 + b, T - 1, f] += a", "dZ[blk, T - 1, f, b] += a"),
     ("dZ[s, m, g, b0 + b, T - 1, label] += e[b]", "dZ[blk, T - 1, label, b] += e[b]"),
@@ -555,19 +558,29 @@ def _grid_loss(kind: str, head: bool, label: int, positions: bytes, pshape: tupl
     return loss
 
 
+def _check_rows(rows: np.ndarray, Z, y) -> None:
+    """Rows index y (…, R, B); Z (…, R', B, T, D) has R' = R rows, or one that every row of y reads."""
+    R, RZ = y.shape[-2], Z.shape[-4]
+    if RZ not in (1, R):
+        raise ValueError(f"Z must have the {R} rows of y or one shared row (got {RZ})")
+    if np.any(rows < 0) or np.any(rows >= R):
+        raise ValueError(f"rows out of y's range [0, {R})")
+
+
 def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.ndarray, lengths: np.ndarray,
                    rows, label: int) -> jax.Array:
     """Mean squared query errors of a (M, G) grid of one-layer GLA models (module docstring), by the compiled kernel.
 
     Member (m, g) reads row ``rows[m]`` of Z at the token positions ``positions[g, :lengths[g]]`` (the query
     last) and is compared with ``y[rows[m]]``; its loss equals ``mean((gla.predict_last(θ_mg, Z_g, label=label)
-    − y)²)``. Differentiable in the params (custom VJP: the forward computes the gradient too); Z and y are
+    − y)²)``. A Z of one row serves every row of y (settings whose prompts differ only in the query's target,
+    as gating.fig1's panels). Differentiable in the params (custom VJP: the forward computes the gradient too); Z and y are
     data. Runs on the host through ``jax.pure_callback`` (vmap: one call for every mapped instance).
 
     Args:
         params: one layer's params (``gla.init_params``: Wq, Wk, Wv (D, D), w_g (D,) or W_g (D, D), optional
             head h (D,); a head only with vector gates) with leading (M, G) axes.
-        Z: (R, B, T_max, D) tokens; y: (R, B) targets.
+        Z: (R, B, T_max, D) or (1, B, T_max, D) tokens; y: (R, B) targets.
         positions: (G, T_max) int token positions of each prompt length (``subsequence_positions``).
         lengths: (G,) int prompt lengths.
         rows: (M,) ints, the row of Z each member reads.
@@ -588,8 +601,7 @@ def query_mse_grid(params: dict, Z: jax.Array, y: jax.Array, *, positions: np.nd
         raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
     if positions.shape[1] > Z.shape[-2] or np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]):
         raise ValueError("token positions out of the prompts' range")
-    if np.any(rows < 0) or np.any(rows >= Z.shape[-4]):
-        raise ValueError("rows out of Z's range")
+    _check_rows(rows, Z, y)
     fn = _grid_loss(kind, head, int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
                     tuple(int(v) for v in rows))
     return fn(params, Z, y)
@@ -973,7 +985,7 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         if dt == np.float32 and FLOAT32_LAYERS == "llvm":
             # each (seed, row)'s prompts on the blocked layout once, every n̄'s model reading its tokens at its
             # positions in place: a copy per model cost ≈ 10 % of gating.fig2's step (memory-bound)
-            pairs = sorted({(s, int(r)) for s in range(S) for r in rows})
+            pairs = sorted({(s, int(r) % R) for s in range(S) for r in rows})
             shape = (-(-B // _blocked.LANES), Z.shape[3], D, _blocked.LANES)
             prompts = {pair: _blocked.aligned_empty(shape, dt) for pair in pairs}
 
@@ -1022,12 +1034,13 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
     ir = dt == np.float32 and FLOAT32_LAYERS == "llvm"
     P = positions[g, :T]
     at = {} if prompts is None else {"positions": P}  # the first layer's input read in place
+    rz = int(rows[m]) % Z.shape[1]  # Z may hold one row shared by every row of y
     if prompts is not None:
-        Zs = [prompts[(s, int(rows[m]))]]
+        Zs = [prompts[(s, rz)]]
     elif ir or L > 1:  # this n̄'s prompts on the blocked layout (each block read and written in place)
-        Zs = [_blocked.to_blocks(Z[s, rows[m]], positions=P)]
+        Zs = [_blocked.to_blocks(Z[s, rz], positions=P)]
     else:  # the token-layout kernel below reads them from Z (one model: S = R = M = G = 1)
-        Zs = [np.ascontiguousarray(Z[s, rows[m]][:, P])[None, None]]
+        Zs = [np.ascontiguousarray(Z[s, rz][:, P])[None, None]]
     for l in range(L - 1):
         Zs.append(_blocked_layer_forward(Zs[-1], W[0][l], W[1][l], W[2][l], W[3][l], threads=threads,
                                          **(at if l == 0 else {})))
@@ -1120,7 +1133,7 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
 
     Args:
         layers: L param dicts (Wq, Wk, Wv (D, D), w_g (D,); no head) with leading (M, G) axes.
-        Z: (R, B, T_max, D) tokens; y: (R, B) targets.
+        Z: (R, B, T_max, D) or (1, B, T_max, D) tokens (:func:`query_mse_grid`); y: (R, B) targets.
         positions, lengths, rows: the grid's layout (:func:`query_mse_grid`).
         label: index of the label coordinate.
     Returns:
@@ -1134,8 +1147,9 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
     M, G = layers[0]["Wq"].shape[:2]
     if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
         raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
-    if np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]) or np.any(rows >= Z.shape[-4]):
-        raise ValueError("token positions or rows out of range")
+    if np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]):
+        raise ValueError("token positions out of the prompts' range")
+    _check_rows(rows, Z, y)
     fn = _multilayer_grid_loss(int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
                                tuple(int(v) for v in rows))
     return fn(list(layers), Z, y)

@@ -338,6 +338,49 @@ def _tokens(prompts, contexts, n_bar: int, n_max: int, config: TaskConfig, need:
     return out
 
 
+def _shared_tokens(prompts, contexts, config: TaskConfig, need: set) -> dict:
+    """:func:`_tokens` at n̄ = n_max of prompts drawn for every panel with common random numbers, the same values.
+
+    The panels share the inputs (``sample_blocks`` draws x without the factor), so the tokens are built from
+    ``prompts.x[0]``, broadcast over the panels inside one concatenation per format. Through
+    ``gla.delimiter_prompt`` XLA wrote each panel's copy of the gathered inputs first (41 MB a step in
+    gating.fig1's paper preset, read again by both formats): this builds the step's tokens in one pass.
+
+    Args:
+        prompts: MultitaskPrompts with a leading panel axis, laid out with blocks (n_max, n_max).
+        contexts: (K+1, p) delimiter contexts c̄_0..c̄_K.
+        config: the task config (its query context).
+        need: the token formats to build ("delim", "plain").
+    Returns:
+        format -> (P, B, T, D) tokens.
+    """
+    x, x_query = prompts.x[0], prompts.x_query[0]  # (B, n, d), (B, d): the same for every panel
+    P, B, n = prompts.y.shape
+    n_max, d, dt = n // K, x.shape[-1], x.dtype
+    no_label = jnp.zeros((P, B, 1), dt)
+
+    def rows(xs, ys, c):  # (B, r, d) inputs, (P, B, r) labels, (p,) context or None -> (P, B, r, D)
+        parts = [jnp.broadcast_to(xs, (P,) + xs.shape), ys[..., None]]
+        if c is not None:
+            parts.append(jnp.broadcast_to(c, (P, B, xs.shape[1], c.shape[-1])))
+        return jnp.concatenate(parts, axis=-1)
+
+    out = {}
+    if "delim" in need:
+        contexts = jnp.asarray(contexts, dt)
+        qc = config.qc()
+        pieces = []
+        for k in range(K):  # [Z_1; d_1; …; Z_K; d_K; z_query] (eq 19)
+            block = slice(k * n_max, (k + 1) * n_max)
+            pieces += [rows(x[:, block], prompts.y[..., block], contexts[0]),
+                       rows(jnp.zeros((B, 1, d), dt), no_label, contexts[k + 1])]
+        pieces.append(rows(x_query[:, None], no_label, jnp.zeros_like(contexts[0]) if qc is None else contexts[qc]))
+        out["delim"] = jnp.concatenate(pieces, axis=-2)
+    if "plain" in need:
+        out["plain"] = jnp.concatenate([rows(x, prompts.y, None), rows(x_query[:, None], no_label, None)], axis=-2)
+    return out
+
+
 #: The families whose training loss the native kernel computes (one layer read at the query).
 NATIVE_FAMILIES = ("linatt", "gla", "gla_wo", "gla_vector")
 
@@ -409,7 +452,12 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
     n_bars = config.n_bars
     n_max = max(n_bars) if n_max is None else n_max
     d = config.d
-    factors = jnp.asarray(panel_factors(panels), dt)
+    L = panel_factors(panels)
+    factors = jnp.asarray(L, dt)
+    # The panels' context tasks β_1..β_K are the same rows of L (only the query's task correlates with them,
+    # App B.1), so their tokens are the same: the native kernel reads one token tensor for every panel, the panels
+    # differing only in the targets (a quarter of gating.fig1's token writes and reads).
+    one_token_row = config.kernel == "native" and bool(np.all(L[:, :K] == L[:1, :K]))
     need = {_fmt(kind.family) for kind in kinds.values()}
     sigma = float(np.sqrt(config.sigma2))
     padded = config.nbar_layout == "padded"
@@ -420,7 +468,8 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
         # one key for every panel: the panels share x and the task normals G
         pr = jax.vmap(lambda L: mt.sample_blocks(key, config.batch, [n_max] * K, L, None, sigma, d=d, dtype=dt))(factors)
         if padded or config.kernel == "native":  # one token tensor at n̄_max; smaller n̄ mask or skip samples
-            return {"tokens": _tokens(pr, aux["contexts"], n_max, n_max, config, need), "y": pr.y_query}
+            cut = pr._replace(y=pr.y[:1]) if one_token_row else pr
+            return {"tokens": _shared_tokens(cut, aux["contexts"], config, need), "y": pr.y_query}
         # one token tensor per n̄ (the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}
 
