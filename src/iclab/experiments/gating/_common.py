@@ -15,7 +15,11 @@ last n̄ samples of each block). Member m's init key is fold_in(fold_in(key_s, I
 id_m a function of (kind, panel, restart, n̄) only (:func:`member_id`), so a subset of the grid trained
 alone follows the same trajectory. Two layouts of the n̄ axis give the same models: ``separate`` builds
 one token tensor per n̄; ``padded`` one tensor at the largest n̄, vmapped over n̄ with a token mask per n̄
-(masked tokens contribute nothing and gate 1, so a model sees exactly its shorter prompt).
+(masked tokens contribute nothing and gate 1, so a model sees exactly its shorter prompt). The compiled
+kernels (``kernel = native``) read one tensor at the largest n̄, each n̄ at its own token positions; and as the
+panels' factors share the rows of the context tasks β_1..β_K (only the query's task depends on (r₁, r₂)), every
+panel has the same tokens: the sampler then draws one token tensor that every panel's models read, each
+compared with its own panel's targets.
 
 Evaluation: the MSE of a model on N fresh prompts has a relative standard error of about √(2/N), too coarse
 for a 5 % comparison at affordable N. Each model is therefore evaluated beside the optimal predictor of the
