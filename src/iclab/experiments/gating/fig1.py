@@ -475,7 +475,10 @@ register(
                           "machine's first run, which compiles them (measured 27 Nov 2026, 15/15 both); with "
                           "kernel = xla (the quick preset before 27 Nov) 74 s that day, 93-110 s on 25 Nov, of "
                           "which 52 s XLA compilation",
-                 "paper": "3794 s (63 min; run 27 Nov 2026, 17:55, on the idle 2-core machine with every float32 "
+                 "paper": "3344 s (56 min; run 28 Nov 2026, 07:22, with one token tensor for the four panels, "
+                          "≈ 0.27 s per Adam step in `iclab bench gating`); 16/16 checks, the same worst gaps to "
+                          "theory (the same bits as before this change: tested on the quick presets and on paper-scale "
+                          "steps). Before: 3794 s (63 min; run 27 Nov 2026, 17:55, on the idle 2-core machine with every float32 "
                           "kernel as LLVM IR (iclab.models._layer_ir), ≈ 0.33 s per Adam step in the run, 0.28-0.31 s "
                           "in `iclab bench gating`); 16/16 checks, the same worst gaps as the run before. That run: "
                           "9913 s (2.75 h; 26 Nov 2026 with numba's kernels, kernel = native, while "
