@@ -153,7 +153,7 @@ def test_one_row_of_tokens_serves_every_row_of_y(dtype):
     Z, y = _tokens(3, native.CHUNK + 3, 13, dtype, key=14)
     Z1 = jnp.stack([Z[:1], 0.5 * Z[:1]])  # (S, 1, B, T, D)
     ZR, ys = jnp.broadcast_to(Z1, (2,) + Z.shape), jnp.stack([y, -y])
-    cases = [(_native, lambda k: _grid(kind, head, 2, 3, dtype, key=k)) for kind, head in KINDS]
+    cases = [(_native, lambda k, kind=kind, head=head: _grid(kind, head, 2, 3, dtype, key=k)) for kind, head in KINDS]
     cases.append((_native_multilayer, lambda k: _layers(2, dtype, key=k)))
     for fn, make in cases:
         P = jax.tree_util.tree_map(lambda *a: jnp.stack(a), make(30), make(31))
