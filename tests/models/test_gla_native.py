@@ -351,6 +351,29 @@ def test_the_blocked_query_loss_kernel_is_the_scalar_residual_one():
             native._kernel(kind, D, "float64", residual, True)
 
 
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_the_grid_driver_is_the_per_member_python_bit_for_bit(L, monkeypatch):
+    """float32 grids of whole models run by the compiled driver (``_grid_driver.run_members``) against its naive
+    twin, ``_multilayer_member``'s Python calling the same kernels: loss and every gradient the same bits, under
+    vmap over seeds, with Z of one row or of every row, on 1 and 2 threads, claiming 1 or 5 members at a time."""
+    Z, y = _tokens(3, 8 * _blocked.LANES + 5, 13, jnp.float32, key=66)  # 9 blocks: numpy sums 8 or more pairwise
+    layers = [jax.tree_util.tree_map(lambda a: jnp.stack([a, 0.7 * a]), layer) for layer in _layers(L, jnp.float32)]
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+    grad = jax.jit(jax.vmap(jax.value_and_grad(_weighted(_native_multilayer))))
+    for Zc in (Zs, Zs[:, :1]):
+        monkeypatch.setattr(native, "MODELS_PER_THREAD", 1)
+        monkeypatch.setattr(native, "GRID_DRIVER", False)
+        monkeypatch.setattr(native, "thread_count", lambda: 1)
+        ref = jax.tree_util.tree_leaves(grad(layers, Zc, ys))
+        monkeypatch.setattr(native, "GRID_DRIVER", True)
+        for threads, chunk in ((1, 1), (2, 1), (2, 5)):
+            monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+            monkeypatch.setattr(native, "DRIVER_CHUNK", chunk)
+            for a, b in zip(jax.tree_util.tree_leaves(grad(layers, Zc, ys)), ref):
+                np.testing.assert_array_equal(a, b)
+        assert all(np.all(np.isfinite(a)) and np.any(a != 0) for a in ref)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_multilayer_grid_runs_models_on_threads_with_the_same_bits(dtype, monkeypatch):
     """A grid with enough models runs whole models on the threads (each model's kernels on one); the result is the

@@ -756,6 +756,7 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = 
         bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), dz,
             *(_pointer(a, dtype) for a in (dW, dwg)), *_gated_scratch(T), T, first, stop)
 
+    forward.raw, backward.raw = fwd, bwd  # the ctypes functions (iclab.models._grid_driver calls them)
     if not gathered:
         return forward, backward
 
@@ -771,6 +772,7 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = 
         bwd(*(_pointer(a, dtype) for a in (Z, WQ, WK, WV, wg, O, dO)), 0,
             *(_pointer(a, dtype) for a in (dW, dwg)), *_gated_scratch(T), T, first, stop, P.ctypes.data, TZ)
 
+    gathered_forward.raw, gathered_backward.raw = fwd, bwd
     return gathered_forward, gathered_backward
 
 
@@ -1205,12 +1207,14 @@ def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: boo
            _pointer(dZ, dtype) if grad_z else 0, SC, T, first, stop, one / dtype.type(B),
            dtype.type(2.0) / dtype.type(B), *((gather[0].ctypes.data, TZ) if gathered else ()))
 
+    query.raw = fn  # the ctypes function (iclab.models._grid_driver calls it)
     if not gathered:
         return query
 
     def gathered_query(Z, P, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, first, stop):
         return query(Z, y, Wq, Wk, u, wg, B, loss, gq, gk, gv, gg, None, first, stop, P)
 
+    gathered_query.raw = fn
     return gathered_query
 
 

@@ -959,8 +959,8 @@ def gated_layer(params: dict, Z: jax.Array) -> jax.Array:
 
 #: A grid call with at least this many models per thread runs whole models on the threads (each model's kernels on
 #: one thread) rather than each model's kernels split over the threads: gating.fig2 calls ≈ 1000 kernels a step on
-#: 256 prompts, where splitting one call costs a hand-off per call, and the Python between kernels (the GIL)
-#: overlaps another model's kernels.
+#: 256 prompts, where splitting one call costs a hand-off per call (in float32 the models are then run by the
+#: compiled driver, ``GRID_DRIVER``; in float64 the Python between kernels overlaps another model's kernels).
 MODELS_PER_THREAD = 4
 
 
@@ -981,6 +981,10 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         out = (loss, *grads)
         members = [(s, m, g) for s in range(S) for m in range(M) for g in range(G)]
         threads = thread_count()
+        if (dt == np.float32 and FLOAT32_LAYERS == "llvm" and GRID_DRIVER
+                and (threads == 1 or len(members) >= MODELS_PER_THREAD * threads)):
+            _driven_members(Z, y, Wq, Wk, Wv, wg, label, positions, lengths, rows, out, threads)
+            return tuple(o if batched else o[0] for o in out)
         prompts = None
         if dt == np.float32 and FLOAT32_LAYERS == "llvm":
             # each (seed, row)'s prompts on the blocked layout once, every n̄'s model reading its tokens at its
@@ -1017,6 +1021,73 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         return tuple(o if batched else o[0] for o in out)
 
     return call
+
+
+#: float32 grids of whole models on the threads run by ``iclab.models._grid_driver`` (one compiled loop calls each
+#: member's kernels); False: by ``_multilayer_member``'s Python, its naive twin (the same bits; tested).
+GRID_DRIVER = True
+
+#: Members a thread claims at a time from the grid's queue (the driver's calls cost ≈ 10-20 µs of Python each).
+DRIVER_CHUNK = 2
+
+
+def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, out, threads: int) -> None:
+    """:func:`_host_multilayer`'s float32 grid by ``_grid_driver.run_members``: the operands prepared once for
+    every member (the prompts of each (seed, row) blocked, the targets in lanes, the weights transposed as the
+    layer kernels read them), then the members, longest prompts first, claimed a few at a time by the threads."""
+    from iclab.models import _grid_driver
+
+    loss, *grads = out
+    dt = Z.dtype
+    S, RZ, B, TZ, D = Z.shape
+    R = y.shape[1]
+    M, G, L = Wq.shape[1:4]
+    nb = -(-B // _blocked.LANES)
+    pairs = sorted({(s, int(r) % RZ) for s in range(S) for r in rows})
+    pair_of = np.full((S, RZ), -1, np.int64)
+    for k, pair in enumerate(pairs):
+        pair_of[pair] = k
+    Zp = _blocked.aligned_empty((len(pairs), nb, TZ, D, _blocked.LANES), dt)
+
+    def copy(first, stop):
+        for k in range(first, stop):
+            _blocked.to_blocks(Z[pairs[k]], out=Zp[k])
+
+    run_split(copy, len(pairs), threads=threads)
+    Yb = _blocked.aligned_empty((S, R, nb, _blocked.LANES), dt)
+    Yb.reshape(S, R, -1)[:, :, B:] = 0
+    Yb.reshape(S, R, -1)[:, :, :B] = y
+
+    def aligned(a):
+        c = _blocked.aligned_empty(a.shape, dt)
+        c[...] = a
+        return c
+
+    WQt, WKt, WVt = (aligned(np.swapaxes(W, -1, -2)) for W in (Wq, Wk, Wv))
+    Wq_, Wk_, Wg_ = (aligned(W) for W in (Wq, Wk, wg))
+    U = aligned(Wv[:, :, :, -1, :, label])
+    loss_parts = np.empty((S, M, G, nb), dt)
+    order = sorted(((s, m, g) for s in range(S) for m in range(M) for g in range(G)),
+                   key=lambda mem: -int(lengths[mem[2]]))  # the longest prompts first: their cost is ∝ T
+    members = np.asarray(order, np.int64).reshape(-1, 3)
+    kw = dict(rows=rows, lengths=lengths, positions=positions, pair_of=pair_of, Zp=Zp, Yb=Yb, WQt=WQt, WKt=WKt,
+              WVt=WVt, Wq=Wq_, Wk=Wk_, U=U, Wg=Wg_, label=label, B=B, loss_parts=loss_parts, oq=grads[0],
+              ok=grads[1], ov=grads[2], og=grads[3])
+    chunk = len(members) if threads == 1 else DRIVER_CHUNK
+    claimed = [0]
+    lock = threading.Lock()
+
+    def worker(first, stop):  # every member's arithmetic is the same on any thread: the split changes no bit
+        while True:
+            with lock:
+                i = claimed[0]
+                claimed[0] = min(i + chunk, len(members))
+            if i >= len(members):
+                return
+            _grid_driver.run_members(members, i, min(i + chunk, len(members)), **kw)
+
+    run_split(worker, threads, threads=threads)
+    loss[...] = loss_parts.sum(axis=-1)  # blocks pairwise, as each member's lo.sum()
 
 
 def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int, positions, lengths, rows, out,
@@ -1129,7 +1200,9 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
     :func:`query_mse_grid`; its L − 1 full layers run by the layer kernels (the residual added in place), the last
     layer is read at the query by the loss kernel (ŷ = z_T[label] + (o_T)[label], with the token cotangents), and
     the backward pass runs the layers' backward kernels last to first. No (B, T, D) tokens cross between XLA and the
-    host per layer. Differentiable in the weights (custom VJP: the forward computes the gradient too).
+    host per layer. In float32 a grid of whole models on the threads runs in one compiled loop per thread
+    (``iclab.models._grid_driver``: no Python between a model's kernels). Differentiable in the weights (custom VJP:
+    the forward computes the gradient too).
 
     Args:
         layers: L param dicts (Wq, Wk, Wv (D, D), w_g (D,); no head) with leading (M, G) axes.
