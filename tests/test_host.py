@@ -1,5 +1,6 @@
 """host_call against jax.pure_callback: same results under jit, vmap (each method) and eagerly, with the
-operands handed over as numpy arrays (not JAX arrays, whose conversion would copy them again)."""
+operands handed over as numpy arrays (not JAX arrays, whose conversion would copy them again); on the FFI path
+the operands in place, the results written in place (``writes_out``), errors raised, stale executables refused."""
 
 import jax
 import jax.numpy as jnp
@@ -71,3 +72,83 @@ def test_operands_arrive_as_read_only_numpy_arrays():
     np.testing.assert_array_equal(out, 3.0)
     # numpy as XLA's handler made it (pure_callback would give a jax.Array, copied from it by device_put)
     assert seen == {"type": np.ndarray, "writeable": False}
+
+
+def test_the_ffi_handler_is_in_use():
+    # the pinned jaxlib accepts iclab's FFI handler; another may refuse it (then JAX's callback handler copies)
+    from iclab import _ffi_call
+
+    assert _host_module().FFI and _ffi_call.available()
+
+
+def _host_module():
+    from iclab import _host
+
+    return _host
+
+
+def test_operands_reach_the_host_function_in_place():
+    """On the FFI path the host function reads XLA's operand buffer itself (JAX's handler copies it)."""
+    seen = []
+
+    def fn(a):
+        seen.append(a.__array_interface__["data"][0])
+        return a.sum(axis=0)
+
+    x = jnp.arange(4000.0).reshape(40, 100)
+    out = jax.jit(lambda x: host_call(fn, jax.ShapeDtypeStruct((100,), x.dtype), x))(x)
+    np.testing.assert_array_equal(out, np.asarray(x).sum(axis=0))
+    assert seen == [x.unsafe_buffer_pointer()]
+
+
+@pytest.mark.parametrize("ffi", [True, False])
+def test_writes_out_fills_the_results_on_every_path(ffi, monkeypatch):
+    """``writes_out``: the function writes its results into ``out`` (XLA's result buffers on the FFI path, fresh
+    arrays on JAX's callback path and eagerly); the same values under jit, vmap and eagerly."""
+    monkeypatch.setattr(_host_module(), "FFI", ffi)
+    writes = []
+
+    def fn(a, b, out):
+        writes.append(tuple(o.shape for o in out))
+        s, rows = out
+        s[...] = a * b.sum()
+        rows[...] = np.cumsum(a, axis=-1)
+
+    x = jnp.arange(12.0).reshape(3, 4)
+    y = jnp.array([0.5, -1.0, 2.0])
+    ref = _host(np.asarray(x), np.asarray(y))
+    shapes = (jax.ShapeDtypeStruct(x.shape, x.dtype),) * 2
+    for out in (jax.jit(lambda x, y: host_call(fn, shapes, x, y, writes_out=True))(x, y),
+                host_call(fn, shapes, x, y, writes_out=True)):
+        np.testing.assert_array_equal(out[0], ref["sum"])
+        np.testing.assert_array_equal(out[1], ref["rows"])
+    xs = jnp.stack([x, -x])
+    out = jax.jit(jax.vmap(lambda x: host_call(fn, shapes, x, y, writes_out=True)))(xs)
+    np.testing.assert_array_equal(out[1][1], -ref["rows"])
+    assert writes[-1] == ((3, 4), (3, 4))  # sequential: once per mapped instance
+
+
+#: How jax raises an XLA error: JaxRuntimeError from a jitted function's first call, ValueError from its C++ fast path.
+_CALL_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+
+
+def test_an_exception_in_the_host_function_is_an_error_of_the_call():
+    def fn(a):
+        raise ValueError("operand 7 out of range")
+
+    with pytest.raises(_CALL_ERRORS, match="ValueError: operand 7 out of range"):
+        jax.block_until_ready(jax.jit(lambda x: host_call(fn, jax.ShapeDtypeStruct((), x.dtype), x))(jnp.ones(3)))
+
+
+def test_an_executable_of_another_process_calls_nothing(monkeypatch):
+    """The custom call names its function by an index into this process's registry and a per-process nonce: an
+    executable compiled elsewhere (a persistent compilation cache) fails instead of calling another function."""
+    from iclab import _ffi_call
+
+    calls = []
+    f = jax.jit(lambda x: host_call(lambda a: calls.append(1) or a + 1, jax.ShapeDtypeStruct((3,), x.dtype), x))
+    np.testing.assert_array_equal(f(jnp.zeros(3)), 1.0)
+    monkeypatch.setattr(_ffi_call, "_NONCE", _ffi_call._NONCE ^ 1)
+    with pytest.raises(_CALL_ERRORS, match="another process"):
+        jax.block_until_ready(f(jnp.zeros(3)))
+    assert calls == [1]

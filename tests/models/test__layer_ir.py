@@ -374,7 +374,10 @@ def test_query_loss_ir_kernel_refuses_bad_operands():
 
 def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_numba(monkeypatch):
     """gla_native.multilayer_mse_grid in float32 (1 and 2 layers): the IR kernels (layers and query read-out) unless
-    FLOAT32_LAYERS says numba; losses and gradients the same to float32 rounding."""
+    FLOAT32_LAYERS says numba; losses and gradients the same to float32 rounding. The members' Python path, whose
+    kernel choice is recorded here; the compiled driver (which takes every variant at once) gives its bits
+    (test_gla_native's twin test)."""
+    monkeypatch.setattr(gla_native, "GRID_DRIVER", False)
     rng = np.random.default_rng(13)
     S, R, B, T = 1, 1, native.LANES + 5, 9
     Z = jnp.asarray((0.6 * rng.standard_normal((R, B, T, DG))).astype(np.float32))

@@ -157,31 +157,31 @@ def _readonly(a, dtype) -> np.ndarray:
     return a
 
 
-def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int, jobs: int):
-    """(ŷ, H, J, ŷ') of one grid: the kernel's jobs split over threads, a contiguous run each."""
+def _run_readout(kernel, tokens, u, c, lam, G: int, B: int, D: int, jobs: int, out=None):
+    """(ŷ, H, J, ŷ') of one grid, written into ``out`` (the host call's result buffers) when given: the kernel's
+    jobs split over threads, a contiguous run each."""
     dt = c.dtype
     K = u.shape[1]
-    yhat = np.empty((G, K, B), dt)
-    dy = np.empty((G, K, B), dt)
-    H = np.empty((G, K, B, D), dt)
-    J = np.empty((G, K, B, D), dt)
+    if out is None:
+        out = (np.empty((G, K, B), dt), np.empty((G, K, B, D), dt), np.empty((G, K, B, D), dt), np.empty((G, K, B), dt))
+    yhat, H, J, dy = out
     run_split(kernel, jobs, *tokens, u, c, lam, yhat, H, J, dy, threads=thread_count())  # each thread its run of blocks
     return yhat, H, J, dy
 
 
-def _host_forward(Z, u, c, lam):
+def _host_forward(Z, u, c, lam, out=None):
     """numpy side of the callback: (ŷ, H, J, ŷ') of one grid."""
     Z, u, c, lam = (_readonly(a, Z.dtype) for a in (Z, u, c, lam))
     G, B, T, D = Z.shape
-    return _run_readout(_kernel(D)[0], (Z,), u, c, lam, G, B, D, jobs=G * -(-B // CHUNK))  # (row, block) pairs
+    return _run_readout(_kernel(D)[0], (Z,), u, c, lam, G, B, D, jobs=G * -(-B // CHUNK), out=out)  # (row, block)
 
 
-def _host_forward_shared(X, Y, u, c, lam):
+def _host_forward_shared(X, Y, u, c, lam, out=None):
     """numpy side of the callback, tokens in the shared layout: (ŷ, H, J, ŷ') of one grid."""
     X, Y, u, c, lam = (_readonly(a, Y.dtype) for a in (X, Y, u, c, lam))
     G, B, T = Y.shape
     D = X.shape[-1] + 1
-    return _run_readout(_kernel(D)[1], (X, Y), u, c, lam, G, B, D, jobs=-(-B // CHUNK))  # blocks, every row in each
+    return _run_readout(_kernel(D)[1], (X, Y), u, c, lam, G, B, D, jobs=-(-B // CHUNK), out=out)  # blocks, all rows
 
 
 def _readout_shapes(G, K, B, D, dt):
@@ -194,7 +194,7 @@ def _forward(Z, u, c, lam):
     dt = Z.dtype
     u, c, lam = (jnp.asarray(a, dt) for a in (u, c, lam))
     return host_call(_host_forward, _readout_shapes(G, u.shape[1], B, D, dt), Z, u, c, lam,
-                     vmap_method="sequential")
+                     vmap_method="sequential", writes_out=True)
 
 
 def _forward_shared(X, Y, u, c, lam):
@@ -203,7 +203,7 @@ def _forward_shared(X, Y, u, c, lam):
     dt = Y.dtype
     X, u, c, lam = (jnp.asarray(a, dt) for a in (X, u, c, lam))
     return host_call(_host_forward_shared, _readout_shapes(G, u.shape[1], B, D, dt), X, Y, u, c, lam,
-                     vmap_method="sequential")
+                     vmap_method="sequential", writes_out=True)
 
 
 @jax.custom_vjp

@@ -403,12 +403,13 @@ def _kernel():
     return _kernels()[0]
 
 
-def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: bool = False):
+def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: bool = False, out=None):
+    """The batch, written into ``out`` (the result buffers of the host call) when given."""
     key = np.asarray(key, np.uint32)
     G, d = gamma.shape[0], chol.shape[0]
-    if shared:
+    if out is None and shared:
         out = (np.empty((B, T, d), dtype), np.empty((G, B, T), dtype), np.empty((G, B), dtype))
-    else:
+    elif out is None:
         out = (np.empty((G, B, T, d + 1), dtype), np.empty((G, B), dtype))
     chol = np.asarray(chol, np.float64)
     args = (np.uint64(key[0]), np.uint64(key[1]), round_keys(key[0], key[1]),
@@ -434,7 +435,7 @@ def _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared):
         shapes = (jax.ShapeDtypeStruct((G, B, T, d + 1), dtype), jax.ShapeDtypeStruct((G, B), dtype))
     host = functools.partial(_host, B=B, T=T, dtype=np.dtype(dtype), shared=shared)
     return host_call(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
-                     jnp.sqrt(sigma_e2), chol, vmap_method="sequential")
+                     jnp.sqrt(sigma_e2), chol, vmap_method="sequential", writes_out=True)
 
 
 def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32):
