@@ -126,6 +126,8 @@ def test_writes_out_fills_the_results_on_every_path(ffi, monkeypatch):
     out = jax.jit(jax.vmap(lambda x: host_call(fn, shapes, x, y, writes_out=True)))(xs)
     np.testing.assert_array_equal(out[1][1], -ref["rows"])
     assert writes[-1] == ((3, 4), (3, 4))  # sequential: once per mapped instance
+    with pytest.raises(ValueError, match="sequential"):
+        host_call(fn, shapes, x, y, writes_out=True, vmap_method="broadcast_all")
 
 
 #: How jax raises an XLA error: JaxRuntimeError from a jitted function's first call, ValueError from its C++ fast path.

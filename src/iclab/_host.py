@@ -147,10 +147,13 @@ def host_call(fn, result_shape_dtypes, *args, vmap_method: str = "sequential", w
             leading axis of size 1), as in ``jax.pure_callback``.
         writes_out: fn is called as ``fn(*operands, out=arrays)`` and writes every element of its results into
             ``arrays`` (the leaves of ``result_shape_dtypes``, in order; on the FFI path XLA's result buffers, so
-            that nothing is copied afterwards) instead of returning them.
+            that nothing is copied afterwards) instead of returning them; with ``vmap_method="sequential"`` only
+            (the arrays have the shapes of ``result_shape_dtypes``).
     Returns:
         fn's results, as arrays in the pytree of ``result_shape_dtypes``.
     """
+    if writes_out and vmap_method != "sequential":
+        raise ValueError(f"host_call: writes_out needs vmap_method='sequential' (got {vmap_method!r})")
     leaves, tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     if _PRIM is None or jax.default_backend() != "cpu":
         call = _Fn(fn, tree, writes_out).with_fresh_out(leaves)
