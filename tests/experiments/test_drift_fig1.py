@@ -16,6 +16,7 @@ import iclab  # noqa: F401  (float64)
 from iclab.engines import seed_keys
 from iclab.experiments import get_experiment
 from iclab.experiments.drift import _common, fig1
+from iclab.models import gla_forget_native as native_readout
 from iclab.progress import Reporter
 from iclab.tasks import drift_native as native_sampler
 from iclab.theory import drift as theory
@@ -220,6 +221,36 @@ def test_shared_layout_trains_as_the_tokens():
     for k in p_x["g"]:
         np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
     assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
+
+
+@pytest.mark.slow  # ~25 s: two compiled training loops
+def test_fused_readout_loss_trains_as_the_readout_kernel_in_float32(monkeypatch):
+    """The paper presets' path in float32 (sampler = kernel = native, the shared layout): the fused loss kernel
+    (``readout_mse_shared``, FUSED_READOUT) against its twin, the read-out kernel with XLA's contractions, in a
+    whole training run, two seeds, a learnt λ beside fixed ones: the same losses and weights to float32
+    rounding; and the fused run did call the fused kernel."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float32", "sampler": "native",
+                                "kernel": "native"})
+    gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
+    learn = np.array([[False, True, False]] * 2)
+    calls = []
+    fused_host = native_readout._host_readout_mse_shared
+
+    def counted(*a):
+        calls.append(1)
+        return fused_host(*a)
+
+    monkeypatch.setattr(native_readout, "_host_readout_mse_shared", counted)
+    runs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(_common, "FUSED_READOUT", fused)
+        runs[fused] = _common.train_groups(config, gammas, {"g": _common.Group(lams, learn=learn)})
+        assert bool(calls) == fused
+    (tr_t, p_t), (tr_f, p_f) = runs[False], runs[True]
+    np.testing.assert_allclose(np.asarray(tr_f.loss), np.asarray(tr_t.loss), rtol=1e-4)
+    for k in p_t["g"]:
+        np.testing.assert_allclose(p_f["g"][k], p_t["g"][k], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(p_t["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
 
 
 @pytest.mark.slow  # ~25 s: two compiled training loops

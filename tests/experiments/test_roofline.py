@@ -36,6 +36,7 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
     r = bench_drift(steps=1, batch=16)
     assert (r["fig1"]["models"], r["fig1"]["full_layers"]) == (90, 0)
     assert (r["fig2"]["models"], r["fig2"]["full_layers"]) == (16, 15)
+    assert {"xla", "native", "native_shared", "native_shared_twin"} <= set(r["fig1"]["forms"])  # fused and its twin
     for name in ("fig1", "fig2"):
         entry = r[name]
         for form, f in entry["forms"].items():

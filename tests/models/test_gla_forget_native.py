@@ -13,6 +13,7 @@ import pytest
 import iclab  # noqa: F401  (float64)
 from iclab.models import gla_forget as gla
 from iclab.models import gla_forget_native as native
+from iclab.models._blocked import LANES
 from iclab.tasks.drift import sample_drift_prompts, tokens
 
 #: One token width for every test: the kernel compiles once per (width, dtype), a few seconds each.
@@ -133,6 +134,95 @@ def test_readout_grid_does_not_depend_on_the_thread_count(monkeypatch):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
+
+
+def _shared_batch(G, B, d, n, seed=3):
+    """Shared-layout prompts (X, Y, y) in float64, the query's label 0, and their tokens Z_g = [X, Y_g]."""
+    rng = np.random.default_rng(seed)
+    X, Y = jnp.asarray(rng.standard_normal((B, n + 1, d))), jnp.asarray(rng.standard_normal((G, B, n + 1)))
+    Y = Y.at[:, :, -1].set(0.0)
+    y = jnp.asarray(rng.standard_normal((G, B)))
+    return X, Y, y, jnp.concatenate([jnp.broadcast_to(X, (G,) + X.shape), Y[..., None]], axis=-1)
+
+
+def _loss_fused(P, lam, X, Y, y):
+    WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(P)
+    losses = native.readout_mse_shared(X, Y, y, WV[..., -1, :], WKQ, lam)
+    return jnp.sum(losses * jnp.arange(1, losses.shape[1] + 1))
+
+
+@pytest.mark.parametrize("kind,B", [("qkv", LANES + 3), ("merged", 5), ("qkv", 2 * LANES)])
+def test_readout_mse_shared_equals_the_naive_loss_with_gradients(kind, B):
+    """The fused float32 loss kernel against its naive twin (gla_readout vmapped, JAX's gradient) in float64: the
+    loss and the gradients of every weight and λ to float32 rounding, at batches across the blocks' lanes (spare
+    lanes must add nothing), a learnt-λ-like spread of forget factors, 1.0 included."""
+    G, K, d, n = 2, 3, D - 1, 12
+    P = _grid(kind, G, K, d, jnp.float64)
+    lam = jnp.array([[0.6, 0.9, 1.0], [0.75, 0.3, 0.95]])
+    X, Y, y, Z = _shared_batch(G, B, d, n)
+    ref = jax.jit(jax.value_and_grad(_loss_naive, argnums=(0, 1)))(P, lam, Z, y)
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    out = jax.jit(jax.value_and_grad(_loss_fused, argnums=(0, 1)))(jax.tree_util.tree_map(f32, P), f32(lam), f32(X),
+                                                                    f32(Y), f32(y))
+    assert out[0].dtype == jnp.float32
+    assert abs(float(out[0]) - float(ref[0])) < 1e-5 * abs(float(ref[0]))
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        assert a.shape == b.shape and a.dtype == jnp.float32 and _rel(a.astype(jnp.float64), b) < 2e-5
+
+
+def test_readout_mse_shared_is_the_readout_kernels_loss_per_model_and_under_vmap():
+    """Each (g, k) loss and its own gradient (one model's cotangent at a time), and a vmap over seeds (the trainer's),
+    against the read-out kernel ``readout_grid_shared`` with XLA's contractions, both in float32."""
+    S, G, K, d, n, B = 2, 2, 2, D - 1, 9, LANES + 1
+    P = jax.vmap(lambda s: _grid("qkv", G, K, d, jnp.float32, key=s))(jnp.arange(S))
+    lam = jnp.array([[0.8, 0.95], [0.7, 1.0]], jnp.float32)
+    X, Y, y, _ = (a.astype(jnp.float32) for a in _shared_batch(G, B, d, n, seed=4))
+    zq = jnp.concatenate([jnp.broadcast_to(X[:, -1, :], (G, B, d)), Y[:, :, -1:]], axis=-1)
+
+    def losses_fused(P, lam):
+        WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(P)
+        return native.readout_mse_shared(X, Y, y, WV[..., -1, :], WKQ, lam)
+
+    def losses_twin(P, lam):
+        WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(P)
+        yhat = native.readout_grid_shared(X, Y, WV[..., -1, :], jnp.einsum("gbe,gkfe->gkbf", zq, WKQ), lam)
+        return jnp.mean((yhat - y[:, None]) ** 2, -1)
+
+    for fn in (losses_fused, losses_twin):
+        assert fn(jax.tree_util.tree_map(lambda a: a[0], P), lam).shape == (G, K)
+    v_f = jax.jit(jax.vmap(losses_fused, in_axes=(0, None)))(P, lam)
+    v_t = jax.jit(jax.vmap(losses_twin, in_axes=(0, None)))(P, lam)
+    assert _rel(v_f, v_t) < 1e-5
+    for g in range(G):
+        for k in range(K):
+            pick = lambda fn, g=g, k=k: lambda P, lam: fn(P, lam)[g, k]  # noqa: E731
+            for s in range(S):
+                Ps = jax.tree_util.tree_map(lambda a: a[s], P)
+                gf = jax.grad(pick(losses_fused), argnums=(0, 1))(Ps, lam)
+                gt = jax.grad(pick(losses_twin), argnums=(0, 1))(Ps, lam)
+                for a, b in zip(jax.tree_util.tree_leaves(gf), jax.tree_util.tree_leaves(gt)):
+                    assert float(jnp.max(jnp.abs(a - b))) <= 1e-5 * float(jnp.max(jnp.abs(b))) + 1e-12
+
+
+def test_readout_mse_shared_does_not_depend_on_the_thread_count(monkeypatch):
+    """Each block's sums are one job's, summed over the blocks by numpy afterwards: 1, 2 and 3 threads give the
+    same bits."""
+    rng = np.random.default_rng(5)
+    G, K, B, T = 2, 3, 5 * LANES + 7, 17
+    X = rng.standard_normal((B, T, D - 1)).astype(np.float32)
+    Y = rng.standard_normal((G, B, T)).astype(np.float32)
+    y = rng.standard_normal((G, B)).astype(np.float32)
+    u = rng.standard_normal((G, K, D)).astype(np.float32)
+    M = (0.3 * rng.standard_normal((G, K, D, D))).astype(np.float32)
+    lam = rng.uniform(0.3, 1.0, (G, K)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+        outs.append(native._host_readout_mse_shared(X, Y, y, u, M, lam))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,10 +35,10 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
-from iclab.models import _blocked, _layer_ir
+from iclab.models import _blocked, _layer_ir, _readout_ir
 from iclab.threads import run_split, thread_count
 
-__all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared"]
+__all__ = ["gla_layer", "multilayer_mse", "readout_grid", "readout_grid_shared", "readout_mse_shared"]
 
 #: Prompts per block: the block's tokens (T·D·CH floats) stay in the L2 cache while the K models of its row pass.
 CHUNK = 64
@@ -271,6 +271,70 @@ def _bwd_shared(res, g):
 
 readout_grid.defvjp(_fwd, _bwd)
 readout_grid_shared.defvjp(_fwd_shared, _bwd_shared)
+
+
+def _host_readout_mse_shared(X, Y, y, u, M, lam):
+    """numpy side of ``readout_mse_shared``: the fused kernel over blocks of LANES prompts on the threads, each
+    block's loss and gradients summed over the blocks in a fixed order (numpy's sums over the block axis)."""
+    dt = np.dtype(Y.dtype)
+    X, Y, y, u, M, lam = (_readonly(a, dt) for a in (X, Y, y, u, M, lam))
+    G, B, T = Y.shape
+    K, D = u.shape[1], u.shape[2]
+    NB = -(-B // LANES)
+    loss, glam = np.empty((G, K, NB), dt), np.empty((G, K, NB), dt)
+    gM, gu = np.empty((G, K, NB, D, D), dt), np.empty((G, K, NB, D), dt)
+    run_split(_readout_ir.readout_mse_kernel(D, dt), NB, X, Y, y, M, u, lam, loss, gM, gu, glam,
+              threads=thread_count())
+    return loss.sum(axis=-1), gM.sum(axis=2), gu.sum(axis=2), glam.sum(axis=-1)
+
+
+def _readout_mse_call(X, Y, y, u, M, lam):
+    G, K, D = u.shape
+    dt = Y.dtype
+    X, y, u, M, lam = (jnp.asarray(a, dt) for a in (X, y, u, M, lam))
+    shapes = (jax.ShapeDtypeStruct((G, K), dt), jax.ShapeDtypeStruct((G, K, D, D), dt),
+              jax.ShapeDtypeStruct((G, K, D), dt), jax.ShapeDtypeStruct((G, K), dt))
+    return host_call(_host_readout_mse_shared, shapes, X, Y, y, u, M, lam, vmap_method="sequential")
+
+
+@jax.custom_vjp
+def readout_mse_shared(X: jax.Array, Y: jax.Array, y: jax.Array, u: jax.Array, M: jax.Array,
+                       lam: jax.Array) -> jax.Array:
+    """Each model's mean squared error of the one-layer read-out on the shared layout, with its gradient computed
+    in the same pass (``iclab.models._readout_ir``; float32 only).
+
+        ℓ_gk = (1/B) Σ_b (ŷ_gkb − y_gb)²,   ŷ_gkb = Σ_t λ_gk^{T-1-t} (u_gk · z_gbt)(c_gkb · z_gbt),   c_gkb = M_gk z_gbq,
+
+    z_gbt = (x_bt, y_gbt), z_gbq = z_gb,T-1 the query: the loss of ``readout_grid_shared(X, Y, u, c, lam)`` with
+    c = M z_q, to float32 rounding (tests compare them, and with ``gla_forget.gla_readout``). Differentiable in u,
+    M and λ (custom VJP: the gradients come from the forward's kernel call, scaled by the loss's cotangent); X, Y
+    and y are data (zero cotangents).
+
+    Why: ``readout_grid_shared`` writes ŷ and the residuals H, J (2 × 40 MB at drift.fig1's paper batch) that XLA
+    then contracts; this kernel keeps each model's values in registers and writes only per-block sums.
+
+    Args:
+        X: (B, T, D-1) inputs, shared by the G rows (the query last). Y: (G, B, T) labels (the query's 0).
+        y: (G, B) targets. u: (G, K, D) value read-out rows (W_V)_{d+1,:}. M: (G, K, D, D) W^{KQ} = W_Kᵀ W_Q.
+        lam: (G, K) forget factors.
+    Returns:
+        (G, K) losses, in Y's dtype.
+    """
+    return _readout_mse_call(X, Y, y, u, M, lam)[0]
+
+
+def _mse_fwd(X, Y, y, u, M, lam):
+    loss, gM, gu, glam = _readout_mse_call(X, Y, y, u, M, lam)
+    return loss, (gM, gu, glam, X, Y, y)
+
+
+def _mse_bwd(res, g):
+    gM, gu, glam, X, Y, y = res
+    return (jnp.zeros_like(X), jnp.zeros_like(Y), jnp.zeros_like(y), g[..., None] * gu, g[..., None, None] * gM,
+            g * glam)
+
+
+readout_mse_shared.defvjp(_mse_fwd, _mse_bwd)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ the measured loss-and-gradient time, and over the whole step), and a float32 mat
 the same run. fig1's models are timed with each kernel (XLA's ``gla_forget.gla_readout``, the compiled
 ``gla_forget_native.readout_grid`` on the tokens, and ``native_shared``: ``readout_grid_shared`` on the shared
 layout of ``tasks.drift_native.sample_shared_batch``, the inputs once for the 5 γ, which the paper preset's step
-uses), fig2's full layers in each form of ``models.gla_forget.predict_multilayer``
+uses: in float32 the fused loss kernel ``readout_mse_shared``; ``native_shared_twin`` is the same layout through
+``readout_grid_shared`` and XLA's contractions of its residuals, the path before it), fig2's full layers in each form of ``models.gla_forget.predict_multilayer``
 (``parallel`` in XLA, ``native`` the compiled recurrent kernels; losses and gradients compared with the first);
 the step loops use the paper presets' kernel (native).
 """
@@ -129,7 +130,8 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     def loss_fn(form):
         # fig1: ``form`` is the kernel (native_shared: native on the shared layout); fig2: the full layers' form (its
         # one-layer models by the preset's kernel)
-        kw = {"kernel": form.removesuffix("_shared")} if which == "fig1" else {"form": form, "kernel": config.kernel}
+        kw = ({"kernel": form.split("_")[0], "fused": not form.endswith("_twin")} if which == "fig1"
+              else {"form": form, "kernel": config.kernel})
 
         def loss(p, batch):
             return sum(jnp.sum(_common._group_mse(layers, **kw)(p[name], batch, {"lam": jnp.asarray(lams, dt)}))
@@ -144,10 +146,11 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
            "sample_s": _timed(jax.jit(sample), key), "sample_s_xla": _timed(jax.jit(sample_xla), key),
            "sample_s_native": _timed(jax.jit(sample_native), key), "xla_flops_sample": compiled_flops(sample_xla, key),
            "forms": {}}
-    batches = {"native_shared": jax.jit(sample_shared)(key)} if which == "fig1" else {}
+    batches = {}
     if which == "fig1":
+        batches["native_shared"] = batches["native_shared_twin"] = jax.jit(sample_shared)(key)
         out["sample_s_native_shared"] = _timed(jax.jit(sample_shared), key)
-        forms = tuple(forms) + ("native_shared",) if "native" in forms else tuple(forms)
+        forms = tuple(forms) + ("native_shared_twin", "native_shared") if "native" in forms else tuple(forms)
     ref = None
     for form in forms:
         vg = jax.jit(jax.value_and_grad(loss_fn(form)))

@@ -49,7 +49,7 @@ from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
-from iclab.models.gla_forget_native import multilayer_mse, readout_grid, readout_grid_shared
+from iclab.models.gla_forget_native import multilayer_mse, readout_grid, readout_grid_shared, readout_mse_shared
 from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.tasks.drift_native import sample_shared_batch, sample_training_batch
 from iclab.theory import drift as theory
@@ -197,6 +197,14 @@ def _forget_factors(params, settings):
     return jnp.where(settings["learn"], jax.nn.sigmoid(params["theta"]), settings["lam"])
 
 
+#: Whether one-layer models on the shared layout in float32 run the fused loss kernel
+#: (``gla_forget_native.readout_mse_shared``: loss and gradients in one pass, nothing per prompt written) instead
+#: of the read-out kernel ``readout_grid_shared`` and XLA's contractions of its residuals (its naive twin; equal to
+#: float32 rounding, not bit for bit). On 28 Nov 2026 the fused kernel took drift.fig1's loss and gradient from
+#: 0.12 to 0.05 s (paper batch, two threads).
+FUSED_READOUT = True
+
+
 class SharedTokens(NamedTuple):
     """A batch's tokens in the compiled sampler's shared layout (``tasks.drift_native.sample_shared_batch``):
     z_gbt = (x_bt, y_gbt), the inputs shared by the G rows.
@@ -209,7 +217,7 @@ class SharedTokens(NamedTuple):
     y: jax.Array
 
 
-def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel = "xla"):
+def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel = "xla", fused: bool | None = None):
     """The loss of a group: each member's MSE on the batch of its own γ, (G, K).
 
     Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
@@ -217,7 +225,8 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
     (``kernel = "xla"``: ``gla_forget.gla_readout`` vmapped) or by the compiled kernel
     ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``; on a batch of
     ``SharedTokens``, ``readout_grid_shared``, which train_groups draws where every group is one-layer and both
-    sampler and kernel are native). An L-layer model's full
+    sampler and kernel are native; in float32 the fused loss kernel ``readout_mse_shared`` unless ``fused`` (default
+    ``FUSED_READOUT``) is False). An L-layer model's full
     layers run in ``form`` (default: ``parallel`` for xla); with kernel ``native`` (and form None or ``native``)
     each L-layer model's whole loss and gradient is one host call, ``gla_forget_native.multilayer_mse`` (the
     layer and read-out kernels, no (B, T, D) tokens crossing between XLA and the host per layer); kernel xla with
@@ -229,6 +238,8 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
             Z, y = batch
             WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(params)  # (G, K, d+1, d+1) each
             lam = _forget_factors(params, settings)
+            if isinstance(Z, SharedTokens) and (FUSED_READOUT if fused is None else fused) and Z.y.dtype == jnp.float32:
+                return readout_mse_shared(Z.x, Z.y, y, WV[..., -1, :], WKQ, lam)
             if isinstance(Z, SharedTokens):
                 zq = jnp.concatenate([jnp.broadcast_to(Z.x[:, -1, :], Z.y.shape[:2] + Z.x.shape[-1:]),
                                       Z.y[:, :, -1:]], axis=-1)  # (G, B, d+1) query tokens

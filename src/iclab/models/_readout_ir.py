@@ -1,0 +1,240 @@
+"""drift's one-layer GLA read-out loss of a (G, K) grid on the shared layout, with its gradients, as one LLVM IR
+kernel (float32): ``gla_forget_native.readout_mse_shared``'s host side.
+
+For row g's prompts z_gbt = (x_bt, y_gbt) (t = 0..T-1, the query z_q = z_{T-1} with label 0) and model k of the row
+(u = (W_V)_{d+1,:}, M = W^{KQ} = W_Kᵀ W_Q, forget factor λ):
+
+    c = M z_q,   a_t = u·z_t,   s_t = c·z_t,   ω_t = λ^{T-1-t},   ŷ = Σ_t ω_t a_t s_t,
+    ℓ = (1/B) Σ_b (ŷ_b − y_b)²,   e_b = 2(ŷ_b − y_b)/B,
+    ∂ℓ/∂u = Σ_b e_b Σ_t ω_t s_t z_t,   ∂ℓ/∂M = Σ_b e_b (Σ_t ω_t a_t z_t) z_qᵀ,   ∂ℓ/∂λ = Σ_b e_b Σ_t ω'_t a_t s_t,
+
+ω'_t = (T-1-t) λ^{T-2-t}, both by the recursions ω_{t-1} = λ ω_t and ω'_{t-1} = λ ω'_t + ω_t from ω_{T-1} = 1,
+ω'_{T-1} = 0. The naive twin is ``gla_forget.gla_readout`` with JAX's gradient (tests compare them).
+
+Why a kernel: the read-out kernel ``gla_forget_native.readout_grid_shared`` returns ŷ and the residuals H, J
+(∂ŷ/∂c, ∂ŷ/∂u per prompt: 2 × 40 MB at drift.fig1's paper batch), from which XLA forms the gradients; and it
+keeps its 2D + 1 accumulators per lane in memory (a read, an FMA and a store each per token). Here a job is a
+block of LANES prompts (the lanes), gathered once into a (T, D, LANES) scratch for all G rows (only the label
+column is rewritten per row), and each model of the block runs three passes over its tokens with its values in
+registers: (1) s_t and a_t, (2) t descending: ω_t, ŷ and ŷ' = ∂ŷ/∂λ, then the loss and e; (3) c̄ = e Σ_t ω_t a_t z_t
+and ū = e Σ_t ω_t s_t z_t, 2D accumulators. Each job writes its block's loss and gradients (summed over its lanes,
+16 sums at a time); the host sums the blocks in a fixed order, so the result does not depend on the thread count.
+
+Flops per (prompt, model): 2D² (c), 4TD (a_t, s_t; then the 2D accumulations), the floor's 2(4TD + 4D²) with
+M̄'s 2D² (``experiments.drift._bench``); plus O(T) for ω and the sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from iclab._llvm import compile_function
+from iclab.models._blocked import LANES
+from iclab.models._layer_ir import (_TYPES, _Builder, _gather, _lane_sums, _loop_head, _pointer, _scratch,
+                                    _splat_i64, _store_lanes, _token_sums)
+
+__all__ = ["readout_mse_kernel"]
+
+#: Per-token slots of the scratch after the gathered tokens: s_t, a_t, ω_t.
+_S, _A, _OM = range(3)
+_SLOTS = 3
+
+
+def _loop_end(ir: _Builder, name: str) -> None:
+    """Closes the loop ``name`` opened by ``_loop_head`` whose latch is the block ``name.end``."""
+    ir.emit(f"br label %{name}.end")
+    ir.label(f"{name}.end")
+    ir.emit(f"br label %{name}")
+    ir.label(f"{name}.done")
+
+
+def readout_mse_ir(D: int, dtype) -> str:
+    """IR of ``readout(X, Y, y, M, U, lam, loss, gM, gu, glam, SC, G, K, B, T, first, stop, inv_B, two_inv_B)``
+    (module docstring) for the blocks [first, stop) of LANES prompts: X (B, T, D-1), Y (G, B, T), y (G, B), M (G,
+    K, D, D), U (G, K, D), lam (G, K); per (model, block) outputs loss (G, K, NB), gM (G, K, NB, D, D), gu (G, K,
+    NB, D), glam (G, K, NB), NB = ⌈B / LANES⌉; SC one thread's scratch of T (D + 3) + D + 1 vectors. Spare lanes
+    read zero tokens and targets (masked gathers), so they add nothing."""
+    ir = _Builder(dtype)
+    V, ty = ir.V, ir.ty
+    IV = f"<{LANES} x i64>"
+    ir.lines.append(f"declare {V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr>, i32, "
+                    f"<{LANES} x i1>, {V})")
+    ir.lines.append(f"define void @readout(ptr noalias %X, ptr noalias %Y, ptr noalias %y, ptr noalias %MA, "
+                    f"ptr noalias %UA, ptr noalias %lamA, ptr noalias %loss, ptr noalias %gM, ptr noalias %gu, "
+                    f"ptr noalias %glam, ptr noalias %SC, i64 %G, i64 %K, i64 %B, i64 %T, i64 %first, i64 %stop, "
+                    f"{ty} %inv_B, {ty} %two_inv_B) {{")
+    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+    ir.label("entry")
+    ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
+    ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
+    ir.emit(f"%xrow = mul i64 %T, {D - 1}")  # X's stride between prompts
+    ir.emit(f"%so = mul i64 %T, {D * LANES}")  # the per-token slots after the tokens
+    ir.emit(f"%qc0 = mul i64 %T, {(D + _SLOTS) * LANES}")  # c after them, then a scalar slot for the loss
+    ir.emit(f"%lso = add i64 %qc0, {D * LANES}")
+    ir.emit(f"%zqo = sub i64 %so, {D * LANES}")  # the query token
+    ir.emit("%Tm1 = sub i64 %T, 1")
+    QC = ir.gep("%SC", "%qc0")
+    ir.emit("br label %blk")
+    _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
+    ir.emit(f"%b0 = mul i64 %blk.i, {LANES}")
+    ir.emit("%rem = sub i64 %B, %b0")
+    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
+    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
+    ir.emit(f"%xo64 = mul {IV} %prompt, {_splat_i64(ir, '%xrow')}")
+    ir.emit(f"%xo = trunc {IV} %xo64 to <{LANES} x i32>")  # < 2³¹ (checked)
+    ir.emit(f"%yo64 = mul {IV} %prompt, {_splat_i64(ir, '%T')}")
+    ir.emit(f"%yo = trunc {IV} %yo64 to <{LANES} x i32>")
+    ir.emit(f"%po = trunc {IV} %prompt to <{LANES} x i32>")
+    ir.emit("br label %gx")
+    # the block's inputs into the scratch, token t at t·D vectors (the label column below, per row)
+    _loop_head(ir, "gx", "blk.body", "gx.body", "0", 1, "%T")
+    ir.emit(f"%gx.xo = mul i64 %gx.i, {D - 1}")
+    src = ir.gep("%X", "%gx.xo")
+    ir.emit(f"%gx.zo = mul i64 %gx.i, {D * LANES}")
+    dst = ir.gep("%SC", "%gx.zo")
+    for f in range(D - 1):
+        ir.store(_gather(ir, ir.gep(src, f), "%xo", "%mask"), dst, f)
+    ir.emit("br label %gx")
+    ir.label("gx.done")
+    ir.emit("br label %rg")
+    _loop_head(ir, "rg", "gx.done", "rg.end", "0", 1, "%G")
+    ir.emit("%rg.yr = mul i64 %rg.i, %B")
+    ir.emit("%rg.Yr = mul i64 %rg.yr, %T")
+    Yrow = ir.gep("%Y", "%rg.Yr")
+    ir.emit("br label %gy")
+    _loop_head(ir, "gy", "rg.body", "gy.body", "0", 1, "%T")
+    ir.emit(f"%gy.zo = mul i64 %gy.i, {D * LANES}")
+    ir.store(_gather(ir, ir.gep(Yrow, "%gy.i"), "%yo", "%mask"), ir.gep("%SC", "%gy.zo"), D - 1)
+    ir.emit("br label %gy")
+    ir.label("gy.done")
+    yv = _gather(ir, ir.gep("%y", "%rg.yr"), "%po", "%mask")
+    ir.emit("%rg.m0 = mul i64 %rg.i, %K")
+    ir.emit("br label %rk")
+    _loop_head(ir, "rk", "gy.done", "rk.end", "0", 1, "%K")
+    ir.emit("%model = add i64 %rg.m0, %rk.i")
+    ir.emit(f"%mo = mul i64 %model, {D * D}")
+    ir.emit(f"%uo = mul i64 %model, {D}")
+    ir.emit(f"%Mp = getelementptr {ty}, ptr %MA, i64 %mo")
+    ir.emit(f"%Up = getelementptr {ty}, ptr %UA, i64 %uo")
+    ir.emit(f"%lams = load {ty}, ptr {ir.gep('%lamA', '%model')}")
+    lam = ir.splat("%lams")
+    ir.emit("%o1 = mul i64 %model, %NB")
+    ir.emit("%o = add i64 %o1, %blk.i")  # this (model, block)'s output slot
+    zqp = ir.gep("%SC", "%zqo")
+    zq = [ir.load(zqp, f) for f in range(D)]
+    c = ir.dots([([ir.weight("%Mp", D, f, j) for j in range(D)], zq, None) for f in range(D)])
+    for f, x in enumerate(c):
+        ir.store(x, QC, f)
+    ir.emit("br label %p1")
+
+    def token(loop):
+        ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
+        ir.emit(f"%{loop}.so0 = mul i64 %{loop}.i, {_SLOTS * LANES}")
+        ir.emit(f"%{loop}.so = add i64 %{loop}.so0, %so")
+        return ir.gep("%SC", f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so")
+
+    # pass 1: s_t = c·z_t, a_t = u·z_t
+    _loop_head(ir, "p1", "rk.body", "p1.body", "0", 1, "%T")
+    zp, sp = token("p1")
+    z = [ir.load(zp, f) for f in range(D)]
+    cs = ir.opaque(QC)
+    s, a = ir.dots([([ir.load(cs, f) for f in range(D)], z, None), ([ir.weight("%Up", D, 0, f) for f in range(D)],
+                                                                       z, None)])
+    ir.store(s, sp, _S)
+    ir.store(a, sp, _A)
+    ir.emit("br label %p1")
+    ir.label("p1.done")
+    ir.emit("br label %p2")
+    # pass 2, t descending: ω_t (stored), ŷ += ω_t a_t s_t, ŷ' += ω'_t a_t s_t
+    ir.label("p2")
+    ir.emit("%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %p2.body]")
+    one = "<" + ", ".join([f"{ty} 1.0"] * LANES) + ">"
+    for name, init in (("om", one), ("omp", "zeroinitializer"), ("yh", "zeroinitializer"),
+                       ("dl", "zeroinitializer")):
+        ir.emit(f"%{name} = phi {V} [{init}, %p1.done], [%{name}.n, %p2.body]")
+    ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
+    ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
+    ir.label("p2.body")
+    ir.emit("%p2.n = sub i64 %p2.i, 1")
+    _, sp = token("p2")
+    ir.store("%om", sp, _OM)
+    sa = ir.mul(ir.load(sp, _A), ir.load(sp, _S))
+    ir.emit(f"%yh.n = call {V} @{ir.fma_name}({V} %om, {V} {sa}, {V} %yh)")
+    ir.emit(f"%dl.n = call {V} @{ir.fma_name}({V} %omp, {V} {sa}, {V} %dl)")
+    ir.emit(f"%omp.n = call {V} @{ir.fma_name}({V} {lam}, {V} %omp, {V} %om)")
+    ir.emit(f"%om.n = fmul {V} {lam}, %om")
+    ir.emit("br label %p2")
+    ir.label("p2.done")
+    err = ir.tmp()
+    ir.emit(f"{err} = fsub {V} %yh, {yv}")
+    ir.lane_sum(ir.mul(err, err), "%SC", "%lso")
+    ls, lsc = ir.tmp(), ir.tmp()
+    ir.emit(f"{ls} = load {ty}, ptr {ir.gep('%SC', '%lso')}")
+    ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
+    ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%o')}")
+    e = ir.mul(ir.splat("%two_inv_B"), err)
+    ir.lane_sum(ir.mul(e, "%dl"), "%glam", "%o")
+
+    # pass 3: c̄ = Σ_t (e ω_t a_t) z_t, ū = Σ_t (e ω_t s_t) z_t
+    def products(zp, sp):
+        eo = ir.mul(e, ir.load(sp, _OM))
+        xc, xu = ir.mul(eo, ir.load(sp, _A)), ir.mul(eo, ir.load(sp, _S))
+        zr = ir.opaque(zp)
+        zs = [ir.load(zr, f) for f in range(D)]
+        return [(xc, zs[f]) for f in range(D)] + [(xu, zs[f]) for f in range(D)]
+
+    acc = _token_sums(ir, "p3", "p2.done", 2 * D, token, products, names=lambda i: f"%acc{i}")
+    dc, du = acc[:D], acc[D:]
+    ir.emit(f"%guo = mul i64 %o, {D}")
+    for f0 in range(0, D, LANES):
+        part = du[f0:f0 + LANES]
+        ir.emit(f"%guo{f0} = add i64 %guo, {f0}")
+        _store_lanes(ir, _lane_sums(ir, part), "%gu", f"%guo{f0}", len(part))
+    ir.emit(f"%gmo = mul i64 %o, {D * D}")
+    zr = ir.opaque(zqp)
+    for f in range(D):
+        for j0 in range(0, D, LANES):
+            js = range(j0, min(D, j0 + LANES))
+            ir.emit(f"%gmo{f}_{j0} = add i64 %gmo, {f * D + j0}")
+            _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(zr, j)) for j in js]), "%gM", f"%gmo{f}_{j0}",
+                         len(js))
+    _loop_end(ir, "rk")
+    _loop_end(ir, "rg")
+    _loop_end(ir, "blk")
+    ir.emit("ret void")
+    return ir.text()
+
+
+@functools.cache
+def readout_mse_kernel(D: int, dtype=np.float32):
+    """The kernel of :func:`readout_mse_ir`, compiled on first use: ``readout(X, Y, y, M, U, lam, loss, gM, gu,
+    glam, first, stop)`` on numpy arrays (shapes in :func:`readout_mse_ir`; C-contiguous, of ``dtype``) over the
+    blocks [first, stop); releases the GIL (``iclab.threads.run_split`` runs it on threads)."""
+    dtype = np.dtype(dtype)
+    scalar = _TYPES[dtype][2]
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn = compile_function(readout_mse_ir(D, dtype), "readout", None, (P,) * 11 + (I,) * 6 + (scalar, scalar))
+
+    def readout(X, Y, y, M, U, lam, loss, gM, gu, glam, first, stop):
+        G, B, T = Y.shape
+        K = U.shape[1]
+        NB = -(-B // LANES)
+        if X.shape != (B, T, D - 1) or y.shape != (G, B) or T < 1:
+            raise ValueError(f"read-out operands must be X (B, T, {D - 1}), Y (G, B, T), y (G, B) "
+                             f"(got {X.shape}, {Y.shape}, {y.shape})")
+        if M.shape != (G, K, D, D) or U.shape != (G, K, D) or lam.shape != (G, K):
+            raise ValueError(f"read-out weights must be (G, K, {D}, {D}), (G, K, {D}), (G, K)")
+        if loss.shape != (G, K, NB) or gM.shape != (G, K, NB, D, D) or gu.shape != (G, K, NB, D) \
+                or glam.shape != (G, K, NB):
+            raise ValueError(f"read-out outputs must be per (model, block): (G, K, {NB}) [+ ({D}, {D}) or ({D},)]")
+        if B * T * D >= 2 ** 31:  # the gathers' 32-bit offsets
+            raise ValueError(f"a batch must have fewer than 2³¹ token entries (got {B} x {T} x {D})")
+        SC = _scratch(1, (T * (D + _SLOTS) + D + 1) * LANES, dtype)
+        fn(*(_pointer(a, dtype) for a in (X, Y, y, M, U, lam, loss, gM, gu, glam)), SC, G, K, B, T, first, stop,
+           dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
+
+    readout.raw = fn
+    return readout
