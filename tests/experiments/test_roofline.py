@@ -37,6 +37,8 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
     assert (r["fig1"]["models"], r["fig1"]["full_layers"]) == (90, 0)
     assert (r["fig2"]["models"], r["fig2"]["full_layers"]) == (16, 15)
     assert {"xla", "native", "native_shared", "native_shared_twin"} <= set(r["fig1"]["forms"])  # fused and its twin
+    assert len(r["matmul_peak_gflops_f32_before_after"]) == 2  # measured before and after; the larger divides
+    assert r["matmul_peak_gflops_f32"] == max(r["matmul_peak_gflops_f32_before_after"])
     for name in ("fig1", "fig2"):
         entry = r[name]
         for form, f in entry["forms"].items():

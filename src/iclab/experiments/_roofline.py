@@ -3,7 +3,9 @@
 A training step's distance to its arithmetic floor is a ratio of two measurements taken in one
 process: the flops the step must do (counted from the shapes, in each bench's docstring) over its
 measured time gives the achieved GFLOP/s, and a large float32 matrix product timed in the same run
-gives the machine's practical peak. XLA's own count of the compiled step (``cost_analysis``) is
+gives the machine's practical peak (the benches measure it before and after their timings and use the
+larger: this VM's speed drifts by up to 2x within hours, and a reading taken in a slow minute would flatter
+the fractions). XLA's own count of the compiled step (``cost_analysis``) is
 reported beside the floor: it includes the data sampling and whatever the chosen form computes
 beyond the floor, so floor / XLA is the share of the executed work the model needs.
 """

@@ -21,6 +21,11 @@ vectorises over the prompts of the block (the loops over D unrolled into scalars
 does not depend on the thread count. It runs inside jitted JAX code through ``iclab._host.host_call`` (CPU
 only; a GPU run would copy to the host every step: use the XLA form there).
 
+In float32 on the shared layout, ``readout_mse_shared`` goes one step further: the loss of every model and its
+gradients in the same pass (``iclab.models._readout_ir``, an LLVM IR kernel: each model's values in registers,
+per-block sums out, no H and J), which drift.fig1's and drift.baselines' paper presets train with; the kernel above
+with XLA's contractions is its twin in the tests.
+
 The full layers at every position (``gla_layer``, ``multilayer_mse``) are kernels of the same kind, in the
 recurrent state form, on the tokens (B, T, D) or on a blocked layout (``_layer_source``).
 """
