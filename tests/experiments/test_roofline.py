@@ -46,6 +46,8 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
                 assert f["xla_flops_loss_grad"] >= entry["floor_flops_per_step"], (name, form)
             assert f["grad_max_rel_diff"] < 1e-4, (name, form)  # float32 rounding of one model in two forms
         assert entry["step_s"] > 0 and 0 < entry["fraction_of_matmul_peak_step"]
+        assert entry["fraction_of_matmul_peak_step"] == entry["achieved_gflops_step"] / max(
+            entry["matmul_peak_gflops_at_step"])  # the peaks measured beside the step
     kernels = r["native_layer_kernels"]
     for name in ("layer_forward", "layer_backward", "blocked_forward", "blocked_backward_data",
                  "blocked_backward_stream", "ir_forward", "ir_backward_data", "ir_backward_stream"):
@@ -110,6 +112,7 @@ def test_gating_fig2_paper_bench_kernels_agree():
     assert exact["kernels"]["native"]["grad_max_rel_diff"] < 1e-9 and exact["kernels"]["native"]["loss_rel_diff"] < 1e-9
     r = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5])
     assert r["models"] == 2 * 3 * 2 and r["step_kernel"] == "native"
+    assert len(r["matmul_peak_gflops_at_step"]) == 2 and min(r["matmul_peak_gflops_at_step"]) > 0  # beside the step
     assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
     # the paper's float32: each form rounds differently through up to three cubic layers and T-long sums (measured
     # 2e-5 in the loss, 1.3e-4 in the gradients at batch 8); a wrong kernel is caught above, this bounds the
