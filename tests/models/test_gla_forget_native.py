@@ -170,6 +170,21 @@ def test_readout_mse_shared_equals_the_naive_loss_with_gradients(kind, B):
         assert a.shape == b.shape and a.dtype == jnp.float32 and _rel(a.astype(jnp.float64), b) < 2e-5
 
 
+def test_readout_mse_shared_in_float64_equals_the_naive_loss_to_rounding():
+    """The same kernel in float64: the loss and every gradient equal the naive twin's to float64 rounding, so an
+    arithmetic slip that float32's tolerance could hide shows here."""
+    G, K, d, n, B = 2, 3, D - 1, 10, LANES + 5
+    P = _grid("qkv", G, K, d, jnp.float64)
+    lam = jnp.array([[0.6, 0.9, 1.0], [0.75, 0.3, 0.95]])
+    X, Y, y, Z = _shared_batch(G, B, d, n, seed=6)
+    ref = jax.jit(jax.value_and_grad(_loss_naive, argnums=(0, 1)))(P, lam, Z, y)
+    out = jax.jit(jax.value_and_grad(_loss_fused, argnums=(0, 1)))(P, lam, X, Y, y)
+    assert out[0].dtype == jnp.float64
+    assert abs(float(out[0] - ref[0])) <= 1e-12 * abs(float(ref[0]))
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(ref[1])):
+        assert a.shape == b.shape and _rel(a, b) < 1e-11
+
+
 def test_readout_mse_shared_is_the_readout_kernels_loss_per_model_and_under_vmap():
     """Each (g, k) loss and its own gradient (one model's cotangent at a time), and a vmap over seeds (the trainer's),
     against the read-out kernel ``readout_grid_shared`` with XLA's contractions, both in float32."""

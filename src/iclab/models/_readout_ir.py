@@ -1,5 +1,5 @@
 """drift's one-layer GLA read-out loss of a (G, K) grid on the shared layout, with its gradients, as one LLVM IR
-kernel (float32): ``gla_forget_native.readout_mse_shared``'s host side.
+kernel (float32 or float64, 16 lanes of either): ``gla_forget_native.readout_mse_shared``'s host side.
 
 For row g's prompts z_gbt = (x_bt, y_gbt) (t = 0..T-1, the query z_q = z_{T-1} with label 0) and model k of the row
 (u = (W_V)_{d+1,:}, M = W^{KQ} = W_Kᵀ W_Q, forget factor λ):
@@ -236,5 +236,4 @@ def readout_mse_kernel(D: int, dtype=np.float32):
         fn(*(_pointer(a, dtype) for a in (X, Y, y, M, U, lam, loss, gM, gu, glam)), SC, G, K, B, T, first, stop,
            dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
 
-    readout.raw = fn
     return readout

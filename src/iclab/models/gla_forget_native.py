@@ -306,7 +306,7 @@ def _readout_mse_call(X, Y, y, u, M, lam):
 def readout_mse_shared(X: jax.Array, Y: jax.Array, y: jax.Array, u: jax.Array, M: jax.Array,
                        lam: jax.Array) -> jax.Array:
     """Each model's mean squared error of the one-layer read-out on the shared layout, with its gradient computed
-    in the same pass (``iclab.models._readout_ir``; float32 only).
+    in the same pass (``iclab.models._readout_ir``; the experiments use it in float32, float64 is tested).
 
         ℓ_gk = (1/B) Σ_b (ŷ_gkb − y_gb)²,   ŷ_gkb = Σ_t λ_gk^{T-1-t} (u_gk · z_gbt)(c_gkb · z_gbt),   c_gkb = M_gk z_gbq,
 
