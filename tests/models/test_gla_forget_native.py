@@ -173,7 +173,7 @@ def test_readout_mse_shared_equals_the_naive_loss_with_gradients(kind, B):
 def test_readout_mse_shared_in_float64_equals_the_naive_loss_to_rounding():
     """The same kernel in float64: the loss and every gradient equal the naive twin's to float64 rounding, so an
     arithmetic slip that float32's tolerance could hide shows here."""
-    G, K, d, n, B = 2, 3, D - 1, 10, LANES + 5
+    G, K, d, n, B = 2, 3, D - 1, 70, LANES + 5  # T = 71: the kernel's token chunks (CHUNK = 32) end mid-prompt
     P = _grid("qkv", G, K, d, jnp.float64)
     lam = jnp.array([[0.6, 0.9, 1.0], [0.75, 0.3, 0.95]])
     X, Y, y, Z = _shared_batch(G, B, d, n, seed=6)
@@ -238,6 +238,35 @@ def test_readout_mse_shared_does_not_depend_on_the_thread_count(monkeypatch):
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_readout_mse_kernel_token_chunks_change_no_bit(dtype):
+    """Passes (1) and (3) run chunk by chunk over the tokens for all K models of a row, each model's accumulators
+    waiting in the scratch between chunks: one token per chunk, chunks ending mid-prompt, and one chunk holding
+    every token give the same bits."""
+    from iclab.models import _readout_ir
+
+    rng = np.random.default_rng(8)
+    G, K, B, T = 2, 3, 2 * LANES + 5, 41
+    X = rng.standard_normal((B, T, D - 1)).astype(dtype)
+    Y = rng.standard_normal((G, B, T)).astype(dtype)
+    Y[:, :, -1] = 0.0
+    y = rng.standard_normal((G, B)).astype(dtype)
+    u = rng.standard_normal((G, K, D)).astype(dtype)
+    M = (0.3 * rng.standard_normal((G, K, D, D))).astype(dtype)
+    lam = rng.uniform(0.3, 1.0, (G, K)).astype(dtype)
+    NB = -(-B // LANES)
+    outs = []
+    for chunk in (1, 7, 32, T):
+        out = [np.empty((G, K, NB), dtype), np.empty((G, K, NB, D, D), dtype), np.empty((G, K, NB, D), dtype),
+               np.empty((G, K, NB), dtype)]
+        _readout_ir.readout_mse_kernel(D, dtype, chunk)(X, Y, y, M, u, lam, *out, 0, NB)
+        outs.append(out)
+    assert np.all(np.isfinite(outs[0][1])) and np.any(outs[0][1] != 0.0)
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
 
 
 # ---------------------------------------------------------------------------------------------

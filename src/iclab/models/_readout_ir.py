@@ -17,7 +17,10 @@ keeps its 2D + 1 accumulators per lane in memory (a read, an FMA and a store eac
 block of LANES prompts (the lanes), gathered once into a (T, D, LANES) scratch for all G rows (only the label
 column is rewritten per row), and each model of the block runs three passes over its tokens with its values in
 registers: (1) s_t and a_t, (2) t descending: ω_t, ŷ and ŷ' = ∂ŷ/∂λ, then the loss and e; (3) c̄ = e Σ_t ω_t a_t z_t
-and ū = e Σ_t ω_t s_t z_t, 2D accumulators. Each job writes its block's loss and gradients (summed over its lanes,
+and ū = e Σ_t ω_t s_t z_t, 2D accumulators. Passes (1) and (3) go over the tokens a chunk at a time (:data:`CHUNK`)
+for all K models of the row: a block's tokens (71 KB at drift.fig1's T = 101, D = 11) overflow L1, a chunk's do
+not, so the K models read them from L1 instead of each from L2 (the kernel alone 17 % faster on one thread,
+5-6 % on two, 28 Nov 2026; the same bits, tested). Each job writes its block's loss and gradients (summed over its lanes,
 16 sums at a time); the host sums the blocks in a fixed order, so the result does not depend on the thread count.
 
 Flops per (prompt, model): 2D² (c), 4TD (a_t, s_t; then the 2D accumulations), the floor's 2(4TD + 4D²) with
@@ -42,6 +45,9 @@ __all__ = ["readout_mse_kernel"]
 _S, _A, _OM = range(3)
 _SLOTS = 3
 
+#: Tokens per chunk of passes (1) and (3): chunk · D vectors (22 KB at D = 11 in float32) stay in L1 (48 KB here).
+CHUNK = 32
+
 
 def _loop_end(ir: _Builder, name: str) -> None:
     """Closes the loop ``name`` opened by ``_loop_head`` whose latch is the block ``name.end``."""
@@ -51,12 +57,20 @@ def _loop_end(ir: _Builder, name: str) -> None:
     ir.label(f"{name}.done")
 
 
-def readout_mse_ir(D: int, dtype) -> str:
+def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
     """IR of ``readout(X, Y, y, M, U, lam, loss, gM, gu, glam, SC, G, K, B, T, first, stop, inv_B, two_inv_B)``
     (module docstring) for the blocks [first, stop) of LANES prompts: X (B, T, D-1), Y (G, B, T), y (G, B), M (G,
     K, D, D), U (G, K, D), lam (G, K); per (model, block) outputs loss (G, K, NB), gM (G, K, NB, D, D), gu (G, K,
-    NB, D), glam (G, K, NB), NB = ⌈B / LANES⌉; SC one thread's scratch of T (D + 3) + D + 1 vectors. Spare lanes
-    read zero tokens and targets (masked gathers), so they add nothing."""
+    NB, D), glam (G, K, NB), NB = ⌈B / LANES⌉; SC one thread's scratch of :func:`scratch_vectors` vectors. Spare
+    lanes read zero tokens and targets (masked gathers), so they add nothing.
+
+    Passes (1) and (3) run over ``chunk`` tokens at a time for all K models of a row, so that a chunk's tokens
+    (chunk · D vectors) stay in L1 while the K models read them; each model's s_t, a_t, ω_t, e and pass-3
+    accumulators wait in the scratch between chunks. Every model's operations and their order are those of one
+    model at a time, so the chunking changes no bit (tested). ``chunk``: None for :data:`CHUNK`."""
+    chunk = CHUNK if chunk is None else int(chunk)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 (got {chunk})")
     ir = _Builder(dtype)
     V, ty = ir.V, ir.ty
     IV = f"<{LANES} x i64>"
@@ -71,12 +85,20 @@ def readout_mse_ir(D: int, dtype) -> str:
     ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
     ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
     ir.emit(f"%xrow = mul i64 %T, {D - 1}")  # X's stride between prompts
-    ir.emit(f"%so = mul i64 %T, {D * LANES}")  # the per-token slots after the tokens
-    ir.emit(f"%qc0 = mul i64 %T, {(D + _SLOTS) * LANES}")  # c after them, then a scalar slot for the loss
-    ir.emit(f"%lso = add i64 %qc0, {D * LANES}")
-    ir.emit(f"%zqo = sub i64 %so, {D * LANES}")  # the query token
+    # the scratch (in scalars): the block's tokens (T, D), then per model its slots (T, 3), its c (D), its e (1)
+    # and its pass-3 accumulators (2D), then a scalar slot for the loss
+    ir.emit(f"%sab = mul i64 %T, {D * LANES}")
+    ir.emit(f"%mst = mul i64 %T, {_SLOTS * LANES}")
+    ir.emit("%sasz = mul i64 %K, %mst")
+    ir.emit("%cb = add i64 %sab, %sasz")
+    ir.emit(f"%csz = mul i64 %K, {D * LANES}")
+    ir.emit("%eb = add i64 %cb, %csz")
+    ir.emit(f"%esz = mul i64 %K, {LANES}")
+    ir.emit("%ab = add i64 %eb, %esz")
+    ir.emit(f"%asz = mul i64 %K, {2 * D * LANES}")
+    ir.emit("%lso = add i64 %ab, %asz")
+    ir.emit(f"%zqo = sub i64 %sab, {D * LANES}")  # the query token
     ir.emit("%Tm1 = sub i64 %T, 1")
-    QC = ir.gep("%SC", "%qc0")
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     ir.emit(f"%b0 = mul i64 %blk.i, {LANES}")
@@ -104,6 +126,7 @@ def readout_mse_ir(D: int, dtype) -> str:
     ir.emit("%rg.yr = mul i64 %rg.i, %B")
     ir.emit("%rg.Yr = mul i64 %rg.yr, %T")
     Yrow = ir.gep("%Y", "%rg.Yr")
+    ir.emit("%rg.m0 = mul i64 %rg.i, %K")
     ir.emit("br label %gy")
     _loop_head(ir, "gy", "rg.body", "gy.body", "0", 1, "%T")
     ir.emit(f"%gy.zo = mul i64 %gy.i, {D * LANES}")
@@ -111,55 +134,83 @@ def readout_mse_ir(D: int, dtype) -> str:
     ir.emit("br label %gy")
     ir.label("gy.done")
     yv = _gather(ir, ir.gep("%y", "%rg.yr"), "%po", "%mask")
-    ir.emit("%rg.m0 = mul i64 %rg.i, %K")
-    ir.emit("br label %rk")
-    _loop_head(ir, "rk", "gy.done", "rk.end", "0", 1, "%K")
-    ir.emit("%model = add i64 %rg.m0, %rk.i")
-    ir.emit(f"%mo = mul i64 %model, {D * D}")
-    ir.emit(f"%uo = mul i64 %model, {D}")
-    ir.emit(f"%Mp = getelementptr {ty}, ptr %MA, i64 %mo")
-    ir.emit(f"%Up = getelementptr {ty}, ptr %UA, i64 %uo")
-    ir.emit(f"%lams = load {ty}, ptr {ir.gep('%lamA', '%model')}")
-    lam = ir.splat("%lams")
-    ir.emit("%o1 = mul i64 %model, %NB")
-    ir.emit("%o = add i64 %o1, %blk.i")  # this (model, block)'s output slot
     zqp = ir.gep("%SC", "%zqo")
-    zq = [ir.load(zqp, f) for f in range(D)]
-    c = ir.dots([([ir.weight("%Mp", D, f, j) for j in range(D)], zq, None) for f in range(D)])
-    for f, x in enumerate(c):
-        ir.store(x, QC, f)
-    ir.emit("br label %p1")
 
-    def token(loop):
+    def model(loop):
+        """Model k = %{loop}.i of the row: its index, weight pointers and scratch pointers (slots, c, e, acc)."""
+        ir.emit(f"%{loop}.m = add i64 %rg.m0, %{loop}.i")
+        ir.emit(f"%{loop}.mo = mul i64 %{loop}.m, {D * D}")
+        ir.emit(f"%{loop}.uo = mul i64 %{loop}.m, {D}")
+        ir.emit(f"%{loop}.Mp = getelementptr {ty}, ptr %MA, i64 %{loop}.mo")
+        ir.emit(f"%{loop}.Up = getelementptr {ty}, ptr %UA, i64 %{loop}.uo")
+        ptrs = {}
+        for name, base, size in (("sa", "%sab", "%mst"), ("c", "%cb", D * LANES), ("e", "%eb", LANES),
+                                 ("acc", "%ab", 2 * D * LANES)):
+            ir.emit(f"%{loop}.{name}0 = mul i64 %{loop}.i, {size}")
+            ir.emit(f"%{loop}.{name}1 = add i64 %{loop}.{name}0, {base}")
+            ptrs[name] = ir.gep("%SC", f"%{loop}.{name}1")
+        return ptrs
+
+    def token(loop, sa):
         ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
-        ir.emit(f"%{loop}.so0 = mul i64 %{loop}.i, {_SLOTS * LANES}")
-        ir.emit(f"%{loop}.so = add i64 %{loop}.so0, %so")
-        return ir.gep("%SC", f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so")
+        ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {_SLOTS * LANES}")
+        return ir.gep("%SC", f"%{loop}.zo"), ir.gep(sa, f"%{loop}.so")
 
-    # pass 1: s_t = c·z_t, a_t = u·z_t
-    _loop_head(ir, "p1", "rk.body", "p1.body", "0", 1, "%T")
-    zp, sp = token("p1")
+    def chunk_loop(name, entry):
+        """Opens the loop over chunks [%name.i, %name.e) of the tokens."""
+        _loop_head(ir, name, entry, f"{name}.end", "0", chunk, "%T")
+        ir.emit(f"%{name}.t = add i64 %{name}.i, {chunk}")
+        ir.emit(f"%{name}.lt = icmp slt i64 %{name}.t, %T")
+        ir.emit(f"%{name}.e = select i1 %{name}.lt, i64 %{name}.t, i64 %T")
+
+    # c = M z_q of every model of the row
+    ir.emit("br label %kc")
+    _loop_head(ir, "kc", "gy.done", "kc.end", "0", 1, "%K")
+    p = model("kc")
+    zq = [ir.load(zqp, f) for f in range(D)]
+    c = ir.dots([([ir.weight("%kc.Mp", D, f, j) for j in range(D)], zq, None) for f in range(D)])
+    for f, x in enumerate(c):
+        ir.store(x, p["c"], f)
+    _loop_end(ir, "kc")
+    # pass 1, chunk by chunk, model by model: s_t = c·z_t, a_t = u·z_t
+    ir.emit("br label %c1")
+    chunk_loop("c1", "kc.done")
+    ir.emit("br label %k1")
+    _loop_head(ir, "k1", "c1.body", "k1.end", "0", 1, "%K")
+    p = model("k1")
+    ir.emit("br label %p1")
+    _loop_head(ir, "p1", "k1.body", "p1.body", "%c1.i", 1, "%c1.e")
+    zp, sp = token("p1", p["sa"])
     z = [ir.load(zp, f) for f in range(D)]
-    cs = ir.opaque(QC)
-    s, a = ir.dots([([ir.load(cs, f) for f in range(D)], z, None), ([ir.weight("%Up", D, 0, f) for f in range(D)],
+    cs = ir.opaque(p["c"])
+    s, a = ir.dots([([ir.load(cs, f) for f in range(D)], z, None), ([ir.weight("%k1.Up", D, 0, f) for f in range(D)],
                                                                        z, None)])
     ir.store(s, sp, _S)
     ir.store(a, sp, _A)
     ir.emit("br label %p1")
     ir.label("p1.done")
+    _loop_end(ir, "k1")
+    _loop_end(ir, "c1")
+    # pass 2, model by model, t descending: ω_t (stored), ŷ += ω_t a_t s_t, ŷ' += ω'_t a_t s_t; the loss and e
+    ir.emit("br label %k2")
+    _loop_head(ir, "k2", "c1.done", "k2.end", "0", 1, "%K")
+    p = model("k2")
+    ir.emit(f"%lams = load {ty}, ptr {ir.gep('%lamA', '%k2.m')}")
+    lam = ir.splat("%lams")
+    ir.emit("%o1 = mul i64 %k2.m, %NB")
+    ir.emit("%o = add i64 %o1, %blk.i")  # this (model, block)'s output slot
     ir.emit("br label %p2")
-    # pass 2, t descending: ω_t (stored), ŷ += ω_t a_t s_t, ŷ' += ω'_t a_t s_t
     ir.label("p2")
-    ir.emit("%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %p2.body]")
+    ir.emit("%p2.i = phi i64 [%Tm1, %k2.body], [%p2.n, %p2.body]")
     one = "<" + ", ".join([f"{ty} 1.0"] * LANES) + ">"
     for name, init in (("om", one), ("omp", "zeroinitializer"), ("yh", "zeroinitializer"),
                        ("dl", "zeroinitializer")):
-        ir.emit(f"%{name} = phi {V} [{init}, %p1.done], [%{name}.n, %p2.body]")
+        ir.emit(f"%{name} = phi {V} [{init}, %k2.body], [%{name}.n, %p2.body]")
     ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
     ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
     ir.label("p2.body")
     ir.emit("%p2.n = sub i64 %p2.i, 1")
-    _, sp = token("p2")
+    _, sp = token("p2", p["sa"])
     ir.store("%om", sp, _OM)
     sa = ir.mul(ir.load(sp, _A), ir.load(sp, _S))
     ir.emit(f"%yh.n = call {V} @{ir.fma_name}({V} %om, {V} {sa}, {V} %yh)")
@@ -176,24 +227,56 @@ def readout_mse_ir(D: int, dtype) -> str:
     ir.emit(f"{lsc} = fmul {ty} {ls}, %inv_B")
     ir.emit(f"store {ty} {lsc}, ptr {ir.gep('%loss', '%o')}")
     e = ir.mul(ir.splat("%two_inv_B"), err)
+    ir.store(e, p["e"], 0)
     ir.lane_sum(ir.mul(e, "%dl"), "%glam", "%o")
-
-    # pass 3: c̄ = Σ_t (e ω_t a_t) z_t, ū = Σ_t (e ω_t s_t) z_t
-    def products(zp, sp):
-        eo = ir.mul(e, ir.load(sp, _OM))
-        xc, xu = ir.mul(eo, ir.load(sp, _A)), ir.mul(eo, ir.load(sp, _S))
-        zr = ir.opaque(zp)
-        zs = [ir.load(zr, f) for f in range(D)]
-        return [(xc, zs[f]) for f in range(D)] + [(xu, zs[f]) for f in range(D)]
-
-    acc = _token_sums(ir, "p3", "p2.done", 2 * D, token, products, names=lambda i: f"%acc{i}")
+    for i in range(2 * D):  # pass 3's accumulators start at zero (fma(x, z, +0) = x z rounded, as before)
+        ir.store("zeroinitializer", p["acc"], i)
+    _loop_end(ir, "k2")
+    # pass 3, chunk by chunk, model by model: c̄ = Σ_t (e ω_t a_t) z_t, ū = Σ_t (e ω_t s_t) z_t
+    ir.emit("br label %c3")
+    chunk_loop("c3", "k2.done")
+    ir.emit("br label %k3")
+    _loop_head(ir, "k3", "c3.body", "k3.end", "0", 1, "%K")
+    p = model("k3")
+    ev = ir.load(p["e"], 0)
+    init = [ir.load(p["acc"], i) for i in range(2 * D)]
+    ir.emit("br label %p3")
+    ir.label("p3")
+    ir.emit("%p3.i = phi i64 [%c3.i, %k3.body], [%p3.n, %p3.body]")
+    acc = [f"%acc{i}" for i in range(2 * D)]
+    at = len(ir.lines)
+    ir.emit("%p3.c = icmp slt i64 %p3.i, %c3.e")
+    ir.emit("br i1 %p3.c, label %p3.body, label %p3.done")
+    ir.label("p3.body")
+    ir.emit("%p3.n = add i64 %p3.i, 1")
+    zp, sp = token("p3", p["sa"])
+    eo = ir.mul(ev, ir.load(sp, _OM))
+    xc, xu = ir.mul(eo, ir.load(sp, _A)), ir.mul(eo, ir.load(sp, _S))
+    zr = ir.opaque(zp)
+    zs = [ir.load(zr, f) for f in range(D)]
+    new = [ir.fma(x, zs[f], acc[i]) for i, (x, f) in enumerate([(xc, f) for f in range(D)] + [(xu, f) for f in range(D)])]
+    ir.emit("br label %p3")
+    ir.lines[at:at] = [f"  {acc[i]} = phi {V} [{init[i]}, %k3.body], [{new[i]}, %p3.body]" for i in range(2 * D)]
+    ir.label("p3.done")
+    for i in range(2 * D):
+        ir.store(acc[i], p["acc"], i)
+    _loop_end(ir, "k3")
+    _loop_end(ir, "c3")
+    # each model's gradients of u and W^{KQ}: lane sums of its accumulators
+    ir.emit("br label %k4")
+    _loop_head(ir, "k4", "c3.done", "k4.end", "0", 1, "%K")
+    p = model("k4")
+    ir.emit("%o41 = mul i64 %k4.m, %NB")
+    ir.emit("%o4 = add i64 %o41, %blk.i")
+    ar = ir.opaque(p["acc"])
+    acc = [ir.load(ar, i) for i in range(2 * D)]
     dc, du = acc[:D], acc[D:]
-    ir.emit(f"%guo = mul i64 %o, {D}")
+    ir.emit(f"%guo = mul i64 %o4, {D}")
     for f0 in range(0, D, LANES):
         part = du[f0:f0 + LANES]
         ir.emit(f"%guo{f0} = add i64 %guo, {f0}")
         _store_lanes(ir, _lane_sums(ir, part), "%gu", f"%guo{f0}", len(part))
-    ir.emit(f"%gmo = mul i64 %o, {D * D}")
+    ir.emit(f"%gmo = mul i64 %o4, {D * D}")
     zr = ir.opaque(zqp)
     for f in range(D):
         for j0 in range(0, D, LANES):
@@ -201,22 +284,29 @@ def readout_mse_ir(D: int, dtype) -> str:
             ir.emit(f"%gmo{f}_{j0} = add i64 %gmo, {f * D + j0}")
             _store_lanes(ir, _lane_sums(ir, [ir.mul(dc[f], ir.load(zr, j)) for j in js]), "%gM", f"%gmo{f}_{j0}",
                          len(js))
-    _loop_end(ir, "rk")
+    _loop_end(ir, "k4")
     _loop_end(ir, "rg")
     _loop_end(ir, "blk")
     ir.emit("ret void")
     return ir.text()
 
 
+def scratch_vectors(D: int, K: int, T: int) -> int:
+    """The vectors of one thread's scratch of :func:`readout_mse_ir`: the tokens (T D), per model its slots (3T),
+    c (D), e (1) and pass-3 accumulators (2D), and one for the loss."""
+    return T * D + K * (_SLOTS * T + 3 * D + 1) + 1
+
+
 @functools.cache
-def readout_mse_kernel(D: int, dtype=np.float32):
-    """The kernel of :func:`readout_mse_ir`, compiled on first use: ``readout(X, Y, y, M, U, lam, loss, gM, gu,
-    glam, first, stop)`` on numpy arrays (shapes in :func:`readout_mse_ir`; C-contiguous, of ``dtype``) over the
-    blocks [first, stop); releases the GIL (``iclab.threads.run_split`` runs it on threads)."""
+def readout_mse_kernel(D: int, dtype=np.float32, chunk: int | None = None):
+    """The kernel of :func:`readout_mse_ir` (``chunk`` tokens per chunk; None: :data:`CHUNK`), compiled on first
+    use: ``readout(X, Y, y, M, U, lam, loss, gM, gu, glam, first, stop)`` on numpy arrays (shapes in
+    :func:`readout_mse_ir`; C-contiguous, of ``dtype``) over the blocks [first, stop); releases the GIL
+    (``iclab.threads.run_split`` runs it on threads)."""
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(readout_mse_ir(D, dtype), "readout", None, (P,) * 11 + (I,) * 6 + (scalar, scalar))
+    fn = compile_function(readout_mse_ir(D, dtype, chunk), "readout", None, (P,) * 11 + (I,) * 6 + (scalar, scalar))
 
     def readout(X, Y, y, M, U, lam, loss, gM, gu, glam, first, stop):
         G, B, T = Y.shape
@@ -232,7 +322,7 @@ def readout_mse_kernel(D: int, dtype=np.float32):
             raise ValueError(f"read-out outputs must be per (model, block): (G, K, {NB}) [+ ({D}, {D}) or ({D},)]")
         if B * T * D >= 2 ** 31:  # the gathers' 32-bit offsets
             raise ValueError(f"a batch must have fewer than 2³¹ token entries (got {B} x {T} x {D})")
-        SC = _scratch(1, (T * (D + _SLOTS) + D + 1) * LANES, dtype)
+        SC = _scratch(1, scratch_vectors(D, K, T) * LANES, dtype)
         fn(*(_pointer(a, dtype) for a in (X, Y, y, M, U, lam, loss, gM, gu, glam)), SC, G, K, B, T, first, stop,
            dtype.type(1.0) / dtype.type(B), dtype.type(2.0) / dtype.type(B))
 
