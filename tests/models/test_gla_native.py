@@ -164,6 +164,43 @@ def test_one_row_of_tokens_serves_every_row_of_y(dtype):
         assert not np.array_equal(vg(P, Z1, ys[:, ::-1])[0], got[0])  # the rows pick y
 
 
+@pytest.mark.parametrize("kind,head", KINDS)
+def test_grid_kernels_read_the_blocked_copy_as_they_gathered(monkeypatch, kind, head):
+    """float32 grids read one blocked copy of the prompts per call (``grid_blocks``) where each job gathered its
+    block's tokens: the same losses and gradients bit for bit, under vmap over seeds, with Z of every row and of
+    one row, at a batch that leaves spare lanes, on 1 and 2 threads."""
+    Z, y = _tokens(3, 2 * native._blocked.LANES + 5, 13, jnp.float32, key=21)
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+    P = jax.tree_util.tree_map(lambda *a: jnp.stack(a), _grid(kind, head, 2, 3, jnp.float32, key=40),
+                               _grid(kind, head, 2, 3, jnp.float32, key=41))
+    vg = jax.jit(jax.vmap(jax.value_and_grad(_weighted(_native))))
+    outs = {}
+    for blocked in (False, True):
+        for threads in (1, 2):
+            monkeypatch.setattr(native, "BLOCKED_GRID", blocked)
+            monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+            outs[blocked, threads] = [vg(P, Zs, ys), vg(P, Zs[:, :1], ys)]
+    want = jax.tree_util.tree_leaves(outs[False, 1])
+    assert np.all(np.isfinite(want[0])) and np.any(want[1] != 0.0)
+    for key, got in outs.items():
+        for a, b in zip(jax.tree_util.tree_leaves(got), want):
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
+
+
+def test_grid_blocks_is_each_rows_blocked_layout():
+    """``grid_blocks`` (the float32 gathers and the other dtypes' to_blocks), into a fresh array or this thread's
+    kept buffer: each (s, r) is ``to_blocks`` of its prompts, the spare lanes zero."""
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64):
+        Z = rng.standard_normal((2, 3, 37, 9, D)).astype(dtype)
+        want = np.stack([np.stack([native._blocked.to_blocks(Z[s, r]) for r in range(3)]) for s in range(2)])
+        for threads, reuse in ((1, False), (2, True), (3, True)):
+            got = native.grid_blocks(Z, threads=threads, reuse=reuse)
+            assert got.shape == (2, 3, 3, 9, D, native._blocked.LANES) and got.dtype == dtype
+            np.testing.assert_array_equal(got, want)
+            assert np.all(got[:, :, -1, :, :, 37 - 2 * native._blocked.LANES:] == 0.0)
+
+
 def test_bad_layouts_are_refused():
     Z, y = _tokens(3, 4, 13, jnp.float64)
     P = _grid("scalar", False, 2, 3, jnp.float64)

@@ -939,12 +939,18 @@ def _key_query_grads(ir: _Builder, D: int, dc, QC: str, zqp: str) -> list[str]:
     return dq
 
 
-def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
+def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[str, str]:
     """The start of a grid kernel's job (in the block after ``blk.body``): job = ((s·M + m)·G + g)·NB + block, as
     the numba kernels'; %T = lens[g]; the model's weight pointers (``pointers``: (name, argument, entries per
     model, offset)); the job's prompts' tokens ``pos[g, :T]`` gathered into the scratch at %zbo (T, D, LANES), the
     spare lanes zero. Needs %NB, %zrow (= Tmax·D) and %zbo from the entry block. Returns (that scratch's pointer,
-    the targets y[s, r, block] as a vector); ends in the block ``gz.done``."""
+    the targets y[s, r, block] as a vector); ends in the block ``gz.done``.
+
+    ``blocked``: Z is the blocked copy (S, RZ, NB, Tmax, D, LANES) of the prompts (spare lanes zero), nothing is
+    gathered, and the pointer returned is the job's block of it, whose token t the kernel reads at position
+    %P[t] (%P = pos[g]). Why: every job (every model) gathered its block's tokens into its scratch again, a store
+    and a later load of T·D vectors per job; without that copy gating.fig1's loss and gradient took ≈ 45 of its
+    238 ms less (28 Nov 2026, timed with the copy removed)."""
     IV, ty = f"<{LANES} x i64>", ir.ty
     lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
     for line in ("%jb = urem i64 %blk.i, %NB", "%j1 = udiv i64 %blk.i, %NB", "%jg = urem i64 %j1, %G",
@@ -974,6 +980,16 @@ def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
         ir.emit(f"%wp{i} = add i64 %wo{i}, {offset}")
         ir.emit(f"{name} = getelementptr {ty}, ptr {base}, i64 %wp{i}")
     ir.emit("%pg = mul i64 %jg, %Tmax")
+    if blocked:  # the job's block of Z[s, r % RZ]: ((s·RZ + r % RZ)·NB + block)·Tmax tokens of D vectors
+        ir.emit("%zbk = mul i64 %zs2, %NB")
+        ir.emit("%zbk2 = add i64 %zbk, %jb")
+        ir.emit("%zbk3 = mul i64 %zbk2, %Tmax")
+        ir.emit(f"%zbro = mul i64 %zbk3, {D * LANES}")
+        ir.emit("%P = getelementptr i64, ptr %pos, i64 %pg")
+        zb = ir.gep("%Z", "%zbro")
+        ir.emit("br label %gz.done")
+        ir.label("gz.done")
+        return zb, _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
     zb = ir.gep("%SC", "%zbo")
     zrowp = ir.gep("%Z", "%zro")
     ir.emit("br label %gz")
@@ -991,8 +1007,71 @@ def _grid_job(ir: _Builder, D: int, pointers) -> tuple[str, str]:
     return zb, _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
 
 
+def grid_blocks_ir(D: int, dtype) -> str:
+    """IR of ``blocks(Z, Zb, B, T, first, stop)``: the prompts Z (P, B, T, D) in the blocked layout Zb (P, NB, T, D,
+    LANES), NB = ⌈B / LANES⌉, the spare lanes zero, for the units [first, stop) of (row p, block): one masked
+    16-lane gather per token entry, as each grid job made for itself (:func:`_grid_job`)."""
+    ir = _Builder(dtype)
+    V, ty = ir.V, ir.ty
+    IV = f"<{LANES} x i64>"
+    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+    ir.lines.append(f"declare {V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr>, i32, "
+                    f"<{LANES} x i1>, {V})")
+    ir.lines.append("define void @blocks(ptr noalias %Z, ptr noalias %Zb, i64 %B, i64 %T, i64 %first, i64 %stop) {")
+    ir.label("entry")
+    ir.emit(f"%Bp = add i64 %B, {LANES - 1}")
+    ir.emit(f"%NB = udiv i64 %Bp, {LANES}")
+    ir.emit(f"%zrow = mul i64 %T, {D}")
+    ir.emit("%zp = mul i64 %B, %zrow")  # a row p of Z
+    ir.emit(f"%zbu = mul i64 %T, {D * LANES}")  # a unit of Zb
+    ir.emit("br label %blk")
+    _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
+    ir.emit("%jb = urem i64 %blk.i, %NB")
+    ir.emit("%jp = udiv i64 %blk.i, %NB")
+    ir.emit(f"%b0 = mul i64 %jb, {LANES}")
+    ir.emit("%rem = sub i64 %B, %b0")
+    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
+    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
+    ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
+    ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+    ir.emit("%zro = mul i64 %jp, %zp")
+    ir.emit("%zbo = mul i64 %blk.i, %zbu")
+    zrowp, zb = ir.gep("%Z", "%zro"), ir.gep("%Zb", "%zbo")
+    ir.emit("br label %gz")
+    _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
+    ir.emit(f"%gz.po = mul i64 %gz.i, {D}")
+    src = ir.gep(zrowp, "%gz.po")
+    ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
+    dst = ir.gep(zb, "%gz.zo")
+    for f in range(D):
+        ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
+    ir.emit("br label %gz")
+    ir.label("gz.done")
+    return _close_blocks(ir)
+
+
+@functools.cache
+def grid_blocks_kernel(D: int, dtype):
+    """:func:`grid_blocks_ir` compiled on first use: ``blocks(Z, Zb, first, stop)`` on numpy arrays Z (P, B, T, D)
+    and Zb (P, ⌈B/LANES⌉, T, D, LANES) (C-contiguous, of ``dtype``) over the units [first, stop) of (p, block)."""
+    dtype = np.dtype(dtype)
+    P_, I = ctypes.c_void_p, ctypes.c_int64
+    fn = compile_function(grid_blocks_ir(D, dtype), "blocks", None, (P_, P_, I, I, I, I))
+
+    def blocks(Z, Zb, first, stop):
+        P, B, T, _ = Z.shape
+        if Z.shape[3] != D or Zb.shape != (P, -(-B // LANES), T, D, LANES):
+            raise ValueError(f"grid blocks: Z (P, B, T, {D}) into Zb (P, ⌈B/{LANES}⌉, T, {D}, {LANES}) (got {Z.shape}, "
+                             f"{Zb.shape})")
+        if B * T * D >= 2 ** 31:
+            raise ValueError(f"a row of Z must have fewer than 2³¹ entries (got {B} x {T} x {D})")
+        fn(_pointer(Z, dtype), _pointer(Zb, dtype), B, T, first, stop)
+
+    return blocks
+
+
 def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, label: int,
-                  grid: bool = False, gathered: bool = False) -> str:
+                  grid: bool = False, gathered: bool = False, blocked: bool = False) -> str:
     """IR of ``query(Z, y, Wq, Wk, u, wg, loss, gq, gk, gv, gg, dZ, SC, T, first, stop, inv_B, two_inv_B)``: the
     query-loss kernel of ``gla_native`` (its module docstring: ŷ = [z_T[label] +] Σ_t ω_t s_t v_t, s_t = z_tᵀc,
     c = W_K W_Qᵀ z_T, v_t = z_tᵀu with u = (W_V)_{:,label}, ω_t = Π_{u>t} φ(w_gᵀz_u) or 1) for blocks [first, stop)
@@ -1012,7 +1091,9 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     operands (Z (S, R, B, Tmax, D), y (S, R, B), weights (S, M, G, …); no residual read-out, no z̄) and its jobs
     (s, m, g, block) of LANES prompts, outputs per job; each job first gathers its prompts' tokens
     ``pos[g, :lens[g]]`` into a blocked scratch after SC's other slots (masked gathers), then runs the passes
-    above.
+    above. ``blocked`` (with ``grid``): Z is the blocked copy (S, R or 1, NB, Tmax, D, LANES) of the prompts, and
+    the passes read token pos[g, t] of the job's block in place (:func:`_grid_job`): the same values, the same
+    bits.
 
     ``gathered`` (not with ``grid`` or ``grad_z``): the arguments P, TZ last, token t of the prompt being token P[t]
     of Z (blocks, TZ, D, LANES), as in :func:`forward_ir`."""
@@ -1049,7 +1130,7 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     if grid:
         zb, yv = _grid_job(ir, D, (("%Wq", "%WqA", D * D, 0), ("%Wk", "%WkA", D * D, 0),
-                                   ("%u", "%WvA", D * D, label), ("%wg", "%WgA", D, 0)))
+                                   ("%u", "%WvA", D * D, label), ("%wg", "%WgA", D, 0)), blocked)
         first_pass = "gz.done"
     else:
         ir.emit(f"%boff = mul i64 %blk.i, {'%TZ' if gathered else '%T'}")
@@ -1057,7 +1138,8 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
         zb = ir.gep("%Z", "%base")
         first_pass = "blk.body"
     dzb = ir.gep("%dZ", "%base") if grad_z else None
-    zqp, zq = _query_keys(ir, D, zb, QC, gathered)
+    indirect = gathered or blocked  # token t is token %P[t] of the block at zb
+    zqp, zq = _query_keys(ir, D, zb, QC, indirect)
     ir.emit("br label %p1")
 
     def u_at(f):  # u = (W_V)_{:,label}: a column of the model's W_V in the grid, a vector of its own otherwise
@@ -1066,11 +1148,11 @@ def query_loss_ir(D: int, dtype, *, gated: bool, residual: bool, grad_z: bool, l
     def token(loop):
         ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {8 * LANES}")
-        if gathered:  # token P[t] of the block
+        if indirect:  # token P[t] of the block
             ir.emit(f"%{loop}.pp = getelementptr i64, ptr %P, i64 %{loop}.i")
             ir.emit(f"%{loop}.pt = load i64, ptr %{loop}.pp")
             ir.emit(f"%{loop}.zg = mul i64 %{loop}.pt, {D * LANES}")
-        return ir.gep(zb, f"%{loop}.zg" if gathered else f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
+        return ir.gep(zb, f"%{loop}.zg" if indirect else f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so"), f"%{loop}.zo"
 
     # pass 1: s_t = c·z_t, v_t = u·z_t, the gates of a_t = w_g·z_t
     _loop_head(ir, "p1", first_pass, "p1.body", "0", 1, "%T")
@@ -1219,36 +1301,46 @@ def query_loss_kernel(D: int, dtype, *, gated: bool, residual: bool, grad_z: boo
 
 
 @functools.cache
-def query_grid_kernel(D: int, dtype, *, gated: bool, label: int):
+def query_grid_kernel(D: int, dtype, *, gated: bool, label: int, blocked: bool = False):
     """:func:`query_loss_ir` with ``grid``, compiled on first use, with the numba grid kernel's signature
     (``gla_native._COMMON``): ``kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh,
     dZ, first, stop)`` over jobs (s, m, g, block) of LANES prompts, outputs per job (loss (S, M, G, NB), gq, gk
     (…, NB, D, D), gv (…, NB, D, 1), gg (…, NB, D), NB = ⌈B / LANES⌉); h, gh, dZ unused (no head, no residual
-    read-out), ``label`` fixed at compilation (checked)."""
+    read-out), ``label`` fixed at compilation (checked). ``blocked``: Z is the prompts' blocked copy (S, R or 1,
+    NB, Tmax, D, LANES) (``gla_native.grid_blocks``)."""
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=False, grad_z=False, label=label, grid=True),
-                          "query", None, (P,) * 15 + (I,) * 8 + (scalar, scalar))
+    fn = compile_function(query_loss_ir(D, dtype, gated=gated, residual=False, grad_z=False, label=label, grid=True,
+                                        blocked=blocked), "query", None, (P,) * 15 + (I,) * 8 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label_, loss, gq, gk, gv, gg, gh, dZ, first, stop):
         if label_ != label:
             raise ValueError(f"this kernel reads label {label} (got {label_})")
         _call_grid(fn, D, dtype, 8 + D, Z, y, pos, lens, rows, ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D,))),
-                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, 1)), (gg, (D,))), first, stop)
+                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, 1)), (gg, (D,))), first, stop, blocked)
 
     return kernel
 
 
-def _call_grid(fn, D: int, dtype, width: int, Z, y, pos, lens, rows, weights, outputs, first: int, stop: int) -> None:
+def _call_grid(fn, D: int, dtype, width: int, Z, y, pos, lens, rows, weights, outputs, first: int, stop: int,
+               blocked: bool = False) -> None:
     """Checks a grid kernel's operands (``weights`` and ``outputs``: (array, trailing shape) pairs, after (S, M, G)
     and (S, M, G, NB)) and calls it with a scratch of ``width`` vectors per token of T_max, then 2D + 1. Z has the
-    R rows of y or one row that every row of y reads."""
-    S, RZ, B, Tmax, _ = Z.shape
+    R rows of y or one row that every row of y reads; ``blocked``: Z is their blocked copy (S, RZ, NB, Tmax, D,
+    LANES)."""
+    if blocked:
+        if Z.ndim != 6 or y.ndim != 3 or Z.shape[5] != LANES or Z.shape[2] != -(-y.shape[2] // LANES):
+            raise ValueError(f"a blocked grid's Z must be (S, R or 1, ⌈B/{LANES}⌉, Tmax, {D}, {LANES}) for y (S, R, "
+                             f"B) (got {Z.shape}, {y.shape})")
+        Z5 = Z.shape[:2] + (y.shape[2],) + Z.shape[3:5]
+    else:
+        Z5 = Z.shape
+    S, RZ, B, Tmax, _ = Z5
     R = y.shape[1] if y.ndim == 3 else RZ
     M, G = rows.shape[0], lens.shape[0]
     NB = -(-B // LANES)
-    if Z.shape[4] != D or y.shape != (S, R, B) or RZ not in (1, R) or pos.shape != (G, Tmax):
+    if Z5[4] != D or y.shape != (S, R, B) or RZ not in (1, R) or pos.shape != (G, Tmax):
         raise ValueError(f"grid operands must be Z (S, R or 1, B, Tmax, {D}), y (S, R, B), pos (G, Tmax)")
     for a, tail in weights:
         if a.shape != (S, M, G) + tail:
@@ -1410,7 +1502,7 @@ def _sigmoid_pair(ir: _Builder, a: str) -> tuple[str, str]:
     return g, sm
 
 
-def vector_query_ir(D: int, dtype) -> str:
+def vector_query_ir(D: int, dtype, blocked: bool = False) -> str:
     """IR of gla_native's grid kernel for vector gates and a head, ``query(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg,
     h, loss, gq, gk, gv, gg, gh, SC, R, B, Tmax, M, G, first, stop, inv_B, two_inv_B)``: ŷ = Σ_t s_t Σ_j h_j ω_tj
     v_tj with v_t = W_Vᵀ z_t, ω_tj = Π_{u>t} φ(W_g z_u)_j, s_t = z_tᵀ c, c = W_K W_Qᵀ z_T (``gla_native``'s module
@@ -1447,13 +1539,18 @@ def vector_query_ir(D: int, dtype) -> str:
     ir.emit("br label %blk")
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     zb, yv = _grid_job(ir, D, (("%Wq", "%WqA", D * D, 0), ("%Wk", "%WkA", D * D, 0), ("%Wv", "%WvA", D * D, 0),
-                               ("%Wg", "%WgA", D * D, 0), ("%h", "%hA", D, 0)))
-    zqp, _ = _query_keys(ir, D, zb, QC)
+                               ("%Wg", "%WgA", D * D, 0), ("%h", "%hA", D, 0)), blocked)
+    zqp, _ = _query_keys(ir, D, zb, QC, blocked)
     ir.emit("br label %p1")
 
     def token(loop):
         ir.emit(f"%{loop}.zo = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {W * LANES}")
+        if blocked:  # token P[t] of the job's block (_grid_job)
+            ir.emit(f"%{loop}.pp = getelementptr i64, ptr %P, i64 %{loop}.i")
+            ir.emit(f"%{loop}.pt = load i64, ptr %{loop}.pp")
+            ir.emit(f"%{loop}.zo2 = mul i64 %{loop}.pt, {D * LANES}")
+            return ir.gep(zb, f"%{loop}.zo2"), ir.gep("%SC", f"%{loop}.so")
         return ir.gep(zb, f"%{loop}.zo"), ir.gep("%SC", f"%{loop}.so")
 
     # pass 1: s_t, v_t = W_Vᵀ z_t, the gates of W_g z_t
@@ -1551,19 +1648,21 @@ def vector_query_ir(D: int, dtype) -> str:
 
 
 @functools.cache
-def vector_grid_kernel(D: int, dtype):
+def vector_grid_kernel(D: int, dtype, blocked: bool = False):
     """:func:`vector_query_ir` compiled on first use, with the numba vector kernel's signature
     (``gla_native._VECTOR_KERNEL``): ``kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg,
     gh, dZ, first, stop)`` over jobs (s, m, g, block) of LANES prompts, outputs per job (loss (S, M, G, NB), gq, gk,
-    gv, gg (…, NB, D, D), gh (…, NB, D), NB = ⌈B / LANES⌉); label and dZ unused (a head reads the values)."""
+    gv, gg (…, NB, D, D), gh (…, NB, D), NB = ⌈B / LANES⌉); label and dZ unused (a head reads the values). ``blocked``: Z is the prompts' blocked
+    copy, as :func:`query_grid_kernel`'s."""
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(vector_query_ir(D, dtype), "query", None, (P,) * 17 + (I,) * 8 + (scalar, scalar))
+    fn = compile_function(vector_query_ir(D, dtype, blocked), "query", None, (P,) * 17 + (I,) * 8 + (scalar, scalar))
 
     def kernel(Z, y, pos, lens, rows, Wq, Wk, Wv, Wg, h, label, loss, gq, gk, gv, gg, gh, dZ, first, stop):
         _call_grid(fn, D, dtype, 4 * D + 2 + D, Z, y, pos, lens, rows,
                    ((Wq, (D, D)), (Wk, (D, D)), (Wv, (D, D)), (Wg, (D, D)), (h, (D,))),
-                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, D)), (gg, (D, D)), (gh, (D,))), first, stop)
+                   ((loss, ()), (gq, (D, D)), (gk, (D, D)), (gv, (D, D)), (gg, (D, D)), (gh, (D,))), first, stop,
+                   blocked)
 
     return kernel

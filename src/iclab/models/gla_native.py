@@ -474,6 +474,49 @@ def _readonly(a, dtype) -> np.ndarray:
     return a
 
 
+#: The float32 grid kernels (``_layer_ir``) read a blocked copy of the prompts made once per call
+#: (``grid_blocks``) in place, where each job gathered its block's tokens into its scratch (False: the gathers, the
+#: tests' twin; the same bits).
+BLOCKED_GRID = True
+
+
+_GRID_BLOCKS = threading.local()
+
+
+def _grid_blocks_buffer(shape, dtype) -> np.ndarray:
+    """This thread's buffer for ``grid_blocks``, kept between calls (grown when too small): a fresh 17-MB array
+    for gating.fig1's batch cost ≈ 5 ms of page faults per call, the copy itself ≈ 1 ms."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = getattr(_GRID_BLOCKS, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = _GRID_BLOCKS.buf = _blocked.aligned_empty(max(nbytes, 1), np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def grid_blocks(Z: np.ndarray, *, threads: int = 1, reuse: bool = False) -> np.ndarray:
+    """A grid's prompts Z (S, R, B, T, D) in the blocked layout (S, R, ⌈B/LANES⌉, T, D, LANES), the spare lanes zero
+    (float32: one 16-lane gather per token entry, ``_layer_ir.grid_blocks_kernel``; else ``_blocked.to_blocks`` of
+    each (s, r)), split over ``threads``: one copy per call that every model of the grid reads in place
+    (``_layer_ir._grid_job``). ``reuse``: written into this thread's buffer kept between calls (valid until this
+    thread's next call: the grid's host function consumes it before it returns)."""
+    S, R, B, T, D = Z.shape
+    NB = -(-B // _blocked.LANES)
+    Zb = _grid_blocks_buffer((S, R, NB, T, D, _blocked.LANES), Z.dtype) if reuse else \
+        _blocked.aligned_empty((S, R, NB, T, D, _blocked.LANES), Z.dtype)
+    if Z.dtype == np.float32 and D <= 64:  # 16-lane gathers (as each grid job made), the units split over threads
+        run_split(_layer_ir.grid_blocks_kernel(D, Z.dtype), S * R * NB, Z.reshape(S * R, B, T, D),
+                  Zb.reshape(S * R, NB, T, D, _blocked.LANES), threads=threads)
+        return Zb
+
+    def copy(first, stop):
+        for k in range(first, stop):
+            _blocked.to_blocks(Z[k // R, k % R], out=Zb[k // R, k % R])
+
+    run_split(copy, S * R, threads=threads)
+    return Zb
+
+
 def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
     """The callback: (loss (…, M, G), grads) of one grid, with or without a leading seed axis (vmap)."""
 
@@ -490,10 +533,12 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
         if not ir:
             kernel = _kernel(kind, D, dt.name)
         elif kind == "vector":
-            kernel = _layer_ir.vector_grid_kernel(D, dt)
+            kernel = _layer_ir.vector_grid_kernel(D, dt, blocked=BLOCKED_GRID)
         else:
-            kernel = _layer_ir.query_grid_kernel(D, dt, gated=kind == "scalar", label=label)
+            kernel = _layer_ir.query_grid_kernel(D, dt, gated=kind == "scalar", label=label, blocked=BLOCKED_GRID)
         NB = -(-B // (_blocked.LANES if ir else CHUNK))
+        if ir and BLOCKED_GRID:
+            Z = grid_blocks(Z, threads=thread_count(), reuse=True)
         loss = np.empty((S, M, G, NB), dt)
         gq = np.empty((S, M, G, NB, D, D), dt)
         gk = np.empty_like(gq)
