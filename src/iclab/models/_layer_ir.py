@@ -942,6 +942,19 @@ def _key_query_grads(ir: _Builder, D: int, dc, QC: str, zqp: str) -> list[str]:
     return dq
 
 
+def _block_prompts(ir: _Builder) -> None:
+    """The lanes of block %jb of a row of B prompts: %b0 its first prompt, %mask its lanes that hold one, %prompt
+    their indices, %zoff their offsets in a row of Z (prompts %zrow scalars apart, as 32-bit offsets)."""
+    IV = f"<{LANES} x i64>"
+    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+    ir.emit(f"%b0 = mul i64 %jb, {LANES}")
+    ir.emit("%rem = sub i64 %B, %b0")
+    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
+    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
+    ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
+    ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+
+
 def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[str, str]:
     """The start of a grid kernel's job (in the block after ``blk.body``): job = ((s·M + m)·G + g)·NB + block, as
     the numba kernels'; %T = lens[g]; the model's weight pointers (``pointers``: (name, argument, entries per
@@ -953,11 +966,11 @@ def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[st
     gathered, and the pointer returned is the job's block of it, whose token t the kernel reads at position
     %P[t] (%P = pos[g]); the loop visits the jobs block by block, ((s·NB + block)·M + m)·G + g, so that a
     block's tokens stay in cache while every model reads them (gating.fig1's loss and gradient 0.200 → 0.177 s
-    alternated, 28 Nov 2026), and the outputs go to job ((s·M + m)·G + g)·NB + block as before (``ir.job``). Why: every job (every model) gathered its block's tokens into its scratch again, a store
-    and a later load of T·D vectors per job; without that copy gating.fig1's loss and gradient took ≈ 45 of its
-    238 ms less (28 Nov 2026, timed with the copy removed)."""
+    alternated, 28 Nov 2026), and the outputs go to job ((s·M + m)·G + g)·NB + block as before (``ir.job``).
+    Why: every job (every model) gathered its block's tokens into its scratch again, a store and a later load of
+    T·D vectors per job; without that copy gating.fig1's loss and gradient took ≈ 45 of its 238 ms less (28 Nov
+    2026, timed with the copy removed)."""
     IV, ty = f"<{LANES} x i64>", ir.ty
-    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
     if blocked:  # visited as ((s·NB + block)·M + m)·G + g: a block's models one after the other, its tokens hot
         decode = ("%jg = urem i64 %blk.i, %G", "%u1 = udiv i64 %blk.i, %G", "%jm = urem i64 %u1, %M",
                   "%u2 = udiv i64 %u1, %M", "%jb = urem i64 %u2, %NB", "%js = udiv i64 %u2, %NB")
@@ -973,12 +986,7 @@ def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[st
         ir.job = "%job"
     ir.emit(f"%T = load i64, ptr {ir.gep_i64('%lens', '%jg')}")
     ir.emit(f"%r = load i64, ptr {ir.gep_i64('%rows', '%jm')}")
-    ir.emit(f"%b0 = mul i64 %jb, {LANES}")
-    ir.emit("%rem = sub i64 %B, %b0")
-    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
-    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
-    ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
-    ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+    _block_prompts(ir)
     ir.emit(f"%yoff = trunc {IV} %prompt to <{LANES} x i32>")
     ir.emit("%sr = mul i64 %js, %R")
     ir.emit("%sr2 = add i64 %sr, %r")
@@ -1025,9 +1033,7 @@ def grid_blocks_ir(D: int, dtype) -> str:
     LANES), NB = ⌈B / LANES⌉, the spare lanes zero, for the units [first, stop) of (row p, block): one masked
     16-lane gather per token entry, as each grid job made for itself (:func:`_grid_job`)."""
     ir = _Builder(dtype)
-    V, ty = ir.V, ir.ty
-    IV = f"<{LANES} x i64>"
-    lanes = "<" + ", ".join(f"i64 {b}" for b in range(LANES)) + ">"
+    V = ir.V
     ir.lines.append(f"declare {V} @llvm.masked.gather.v{LANES}{ir.suffix}.v{LANES}p0(<{LANES} x ptr>, i32, "
                     f"<{LANES} x i1>, {V})")
     ir.lines.append("define void @blocks(ptr noalias %Z, ptr noalias %Zb, i64 %B, i64 %T, i64 %first, i64 %stop) {")
@@ -1041,12 +1047,7 @@ def grid_blocks_ir(D: int, dtype) -> str:
     _loop_head(ir, "blk", "entry", "blk.end", "%first", 1, "%stop")
     ir.emit("%jb = urem i64 %blk.i, %NB")
     ir.emit("%jp = udiv i64 %blk.i, %NB")
-    ir.emit(f"%b0 = mul i64 %jb, {LANES}")
-    ir.emit("%rem = sub i64 %B, %b0")
-    ir.emit(f"%mask = icmp slt {IV} {lanes}, {_splat_i64(ir, '%rem')}")
-    ir.emit(f"%prompt = add {IV} {lanes}, {_splat_i64(ir, '%b0')}")
-    ir.emit(f"%zoff64 = mul {IV} %prompt, {_splat_i64(ir, '%zrow')}")
-    ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
+    _block_prompts(ir)
     ir.emit("%zro = mul i64 %jp, %zp")
     ir.emit("%zbo = mul i64 %blk.i, %zbu")
     zrowp, zb = ir.gep("%Z", "%zro"), ir.gep("%Zb", "%zbo")

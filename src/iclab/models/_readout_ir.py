@@ -156,12 +156,17 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
         ir.emit(f"%{loop}.so = mul i64 %{loop}.i, {_SLOTS * LANES}")
         return ir.gep("%SC", f"%{loop}.zo"), ir.gep(sa, f"%{loop}.so")
 
-    def chunk_loop(name, entry):
-        """Opens the loop over chunks [%name.i, %name.e) of the tokens."""
-        _loop_head(ir, name, entry, f"{name}.end", "0", chunk, "%T")
-        ir.emit(f"%{name}.t = add i64 %{name}.i, {chunk}")
-        ir.emit(f"%{name}.lt = icmp slt i64 %{name}.t, %T")
-        ir.emit(f"%{name}.e = select i1 %{name}.lt, i64 %{name}.t, i64 %T")
+    def chunk_models(chunks, models, entry):
+        """Opens the loop over chunks [%chunks.i, %chunks.e) of the tokens (entered from the block ``entry``) and in
+        it the loop over the row's models; returns the model's pointers (``model``)."""
+        ir.emit(f"br label %{chunks}")
+        _loop_head(ir, chunks, entry, f"{chunks}.end", "0", chunk, "%T")
+        ir.emit(f"%{chunks}.t = add i64 %{chunks}.i, {chunk}")
+        ir.emit(f"%{chunks}.lt = icmp slt i64 %{chunks}.t, %T")
+        ir.emit(f"%{chunks}.e = select i1 %{chunks}.lt, i64 %{chunks}.t, i64 %T")
+        ir.emit(f"br label %{models}")
+        _loop_head(ir, models, f"{chunks}.body", f"{models}.end", "0", 1, "%K")
+        return model(models)
 
     # c = M z_q of every model of the row
     ir.emit("br label %kc")
@@ -173,11 +178,7 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
         ir.store(x, p["c"], f)
     _loop_end(ir, "kc")
     # pass 1, chunk by chunk, model by model: s_t = c·z_t, a_t = u·z_t
-    ir.emit("br label %c1")
-    chunk_loop("c1", "kc.done")
-    ir.emit("br label %k1")
-    _loop_head(ir, "k1", "c1.body", "k1.end", "0", 1, "%K")
-    p = model("k1")
+    p = chunk_models("c1", "k1", "kc.done")
     ir.emit("br label %p1")
     _loop_head(ir, "p1", "k1.body", "p1.body", "%c1.i", 1, "%c1.e")
     zp, sp = token("p1", p["sa"])
@@ -233,11 +234,7 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
         ir.store("zeroinitializer", p["acc"], i)
     _loop_end(ir, "k2")
     # pass 3, chunk by chunk, model by model: c̄ = Σ_t (e ω_t a_t) z_t, ū = Σ_t (e ω_t s_t) z_t
-    ir.emit("br label %c3")
-    chunk_loop("c3", "k2.done")
-    ir.emit("br label %k3")
-    _loop_head(ir, "k3", "c3.body", "k3.end", "0", 1, "%K")
-    p = model("k3")
+    p = chunk_models("c3", "k3", "k2.done")
     ev = ir.load(p["e"], 0)
     init = [ir.load(p["acc"], i) for i in range(2 * D)]
     ir.emit("br label %p3")
