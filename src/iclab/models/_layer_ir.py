@@ -955,6 +955,25 @@ def _block_prompts(ir: _Builder) -> None:
     ir.emit(f"%zoff = trunc {IV} %zoff64 to <{LANES} x i32>")  # within one row of Z: < 2³¹ (checked)
 
 
+def _gather_tokens(ir: _Builder, D: int, zrowp: str, zb: str, *, positions: bool) -> None:
+    """A loop ``gz`` (from ``blk.body``, ending in ``gz.done``) over t < %T storing at zb + t·D vectors the D
+    masked 16-lane gathers of token t of the block's prompts (lanes %zoff, %mask of :func:`_block_prompts`) in the
+    row of Z at zrowp; ``positions``: token pos[%pg + t] instead of t."""
+    ir.emit("br label %gz")
+    _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
+    if positions:
+        ir.emit("%gz.pi = add i64 %pg, %gz.i")
+        ir.emit(f"%gz.p = load i64, ptr {ir.gep_i64('%pos', '%gz.pi')}")
+    ir.emit(f"%gz.po = mul i64 {'%gz.p' if positions else '%gz.i'}, {D}")
+    src = ir.gep(zrowp, "%gz.po")
+    ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
+    dst = ir.gep(zb, "%gz.zo")
+    for f in range(D):
+        ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
+    ir.emit("br label %gz")
+    ir.label("gz.done")
+
+
 def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[str, str]:
     """The start of a grid kernel's job (in the block after ``blk.body``): job = ((s·M + m)·G + g)·NB + block, as
     the numba kernels'; %T = lens[g]; the model's weight pointers (``pointers``: (name, argument, entries per
@@ -1013,18 +1032,7 @@ def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[st
         return zb, _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
     zb = ir.gep("%SC", "%zbo")
     zrowp = ir.gep("%Z", "%zro")
-    ir.emit("br label %gz")
-    _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
-    ir.emit("%gz.pi = add i64 %pg, %gz.i")
-    ir.emit(f"%gz.p = load i64, ptr {ir.gep_i64('%pos', '%gz.pi')}")
-    ir.emit(f"%gz.po = mul i64 %gz.p, {D}")
-    src = ir.gep(zrowp, "%gz.po")
-    ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
-    dst = ir.gep(zb, "%gz.zo")
-    for f in range(D):
-        ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
-    ir.emit("br label %gz")
-    ir.label("gz.done")
+    _gather_tokens(ir, D, zrowp, zb, positions=True)
     return zb, _gather(ir, ir.gep("%y", "%yrow"), "%yoff", "%mask")
 
 
@@ -1051,16 +1059,7 @@ def grid_blocks_ir(D: int, dtype) -> str:
     ir.emit("%zro = mul i64 %jp, %zp")
     ir.emit("%zbo = mul i64 %blk.i, %zbu")
     zrowp, zb = ir.gep("%Z", "%zro"), ir.gep("%Zb", "%zbo")
-    ir.emit("br label %gz")
-    _loop_head(ir, "gz", "blk.body", "gz.body", "0", 1, "%T")
-    ir.emit(f"%gz.po = mul i64 %gz.i, {D}")
-    src = ir.gep(zrowp, "%gz.po")
-    ir.emit(f"%gz.zo = mul i64 %gz.i, {D * LANES}")
-    dst = ir.gep(zb, "%gz.zo")
-    for f in range(D):
-        ir.store(_gather(ir, ir.gep(src, f), "%zoff", "%mask"), dst, f)
-    ir.emit("br label %gz")
-    ir.label("gz.done")
+    _gather_tokens(ir, D, zrowp, zb, positions=False)
     return _close_blocks(ir)
 
 
