@@ -188,8 +188,8 @@ def test_grid_kernels_read_the_blocked_copy_as_they_gathered(monkeypatch, kind, 
 
 
 def test_grid_blocks_is_each_rows_blocked_layout():
-    """``grid_blocks`` (the float32 gathers and the other dtypes' to_blocks), into a fresh array or this thread's
-    kept buffer: each (s, r) is ``to_blocks`` of its prompts, the spare lanes zero."""
+    """``grid_blocks`` (the IR kernel's gathers, float32 and float64), into a fresh array or this thread's kept
+    buffer: each (s, r) is ``to_blocks`` of its prompts, the spare lanes zero."""
     rng = np.random.default_rng(3)
     for dtype in (np.float32, np.float64):
         Z = rng.standard_normal((2, 3, 37, 9, D)).astype(dtype)

@@ -495,25 +495,17 @@ def _grid_blocks_buffer(shape, dtype) -> np.ndarray:
 
 
 def grid_blocks(Z: np.ndarray, *, threads: int = 1, reuse: bool = False) -> np.ndarray:
-    """A grid's prompts Z (S, R, B, T, D) in the blocked layout (S, R, ⌈B/LANES⌉, T, D, LANES), the spare lanes zero
-    (float32: one 16-lane gather per token entry, ``_layer_ir.grid_blocks_kernel``; else ``_blocked.to_blocks`` of
-    each (s, r)), split over ``threads``: one copy per call that every model of the grid reads in place
+    """A grid's prompts Z (S, R, B, T, D) (float32 or float64) in the blocked layout (S, R, ⌈B/LANES⌉, T, D, LANES),
+    the spare lanes zero: one 16-lane gather per token entry (``_layer_ir.grid_blocks_kernel``), the (row, block)
+    units split over ``threads``; one copy per call that every model of the grid reads in place
     (``_layer_ir._grid_job``). ``reuse``: written into this thread's buffer kept between calls (valid until this
     thread's next call: the grid's host function consumes it before it returns)."""
     S, R, B, T, D = Z.shape
     NB = -(-B // _blocked.LANES)
     Zb = _grid_blocks_buffer((S, R, NB, T, D, _blocked.LANES), Z.dtype) if reuse else \
         _blocked.aligned_empty((S, R, NB, T, D, _blocked.LANES), Z.dtype)
-    if Z.dtype == np.float32 and D <= 64:  # 16-lane gathers (as each grid job made), the units split over threads
-        run_split(_layer_ir.grid_blocks_kernel(D, Z.dtype), S * R * NB, Z.reshape(S * R, B, T, D),
-                  Zb.reshape(S * R, NB, T, D, _blocked.LANES), threads=threads)
-        return Zb
-
-    def copy(first, stop):
-        for k in range(first, stop):
-            _blocked.to_blocks(Z[k // R, k % R], out=Zb[k // R, k % R])
-
-    run_split(copy, S * R, threads=threads)
+    run_split(_layer_ir.grid_blocks_kernel(D, Z.dtype), S * R * NB, Z.reshape(S * R, B, T, D),
+              Zb.reshape(S * R, NB, T, D, _blocked.LANES), threads=threads)
     return Zb
 
 
