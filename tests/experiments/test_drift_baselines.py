@@ -45,12 +45,15 @@ def test_window_must_fit_in_the_sequence():
         baselines.BaselinesConfig(**{**TINY, "window": 100, "length": 50})
 
 
-def test_filters_on_native_sequences_match_xla_within_standard_errors():
-    """The filtered sequences from the compiled sampler (another generator, the same process): the LMS and RLS
-    errors agree with those on XLA's sequences at 4 standard errors of their difference (independent draws)."""
+@pytest.mark.parametrize("normals", ["ziggurat", "box_muller"])
+def test_filters_on_native_sequences_match_xla_within_standard_errors(normals):
+    """The filtered sequences from the compiled sampler (another generator, the same process; either of its
+    normals): the LMS and RLS errors agree with those on XLA's sequences at 4 standard errors of their difference
+    (independent draws)."""
     import jax
 
-    config = baselines.BaselinesConfig(**{**TINY, "trials": 1500, "chunk": 750, "length": 120, "window": 40})
+    config = baselines.BaselinesConfig(**{**TINY, "trials": 1500, "chunk": 750, "length": 120, "window": 40,
+                                          "normals": normals})
     key = jax.random.PRNGKey(7)
     out = {s: baselines._filter_errors(config.model_copy(update={"sampler": s}), key) for s in ("xla", "native")}
     for name in ("lms", "rls"):

@@ -199,13 +199,19 @@ def test_native_readout_trains_as_the_xla_readout():
     assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
 
 
-@pytest.mark.slow  # ~25 s: two compiled training loops
-def test_shared_layout_trains_as_the_tokens():
+@pytest.mark.slow  # ~25 s per generator: two compiled training loops
+@pytest.mark.parametrize("normals", native_sampler.NORMALS)
+def test_shared_layout_trains_as_the_tokens(normals, monkeypatch):
     """sampler = kernel = native with one-layer models: train_groups draws the batches in the shared layout
     (inputs once, labels per γ: sample_shared_batch, readout_grid_shared); against the same batches as tokens
     read by XLA (sampler native, kernel xla), float64, two seeds, a learnt λ, with an eval set (tokens, read by
-    readout_grid): the same losses, eval losses and weights to rounding."""
-    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64", "sampler": "native"})
+    readout_grid): the same losses, eval losses and weights to rounding. With either generator of the normals
+    (the config's ``normals`` reaches both layouts: Box-Muller's kernel is called)."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64", "sampler": "native",
+                                "normals": normals})
+    calls = []
+    box_muller = native_sampler._drift_ir.sample
+    monkeypatch.setattr(native_sampler._drift_ir, "sample", lambda *a: (calls.append(1), box_muller(*a))[1])
     gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
     learn = np.array([[False, True, False]] * 2)
     Z, y = native_sampler.sample_training_batch(jax.random.PRNGKey(9), 30, gamma=gammas, sigma_w2=config.sigma_w2,
@@ -221,6 +227,7 @@ def test_shared_layout_trains_as_the_tokens():
     for k in p_x["g"]:
         np.testing.assert_allclose(p_n["g"][k], p_x["g"][k], rtol=1e-9, atol=1e-12)
     assert not np.allclose(p_x["g"]["theta"][:, :, 1], np.log(0.5 / 0.5))  # the learnt λ moved: not vacuous
+    assert bool(calls) == (normals == "box_muller")
 
 
 @pytest.mark.slow  # ~25 s: two compiled training loops

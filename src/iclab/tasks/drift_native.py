@@ -1,4 +1,4 @@
-"""Training batches of the drifting task drawn by a compiled CPU kernel (numba): the tokens and targets only.
+"""Training batches of the drifting task drawn by compiled CPU kernels: the tokens and targets only.
 
 The same model as :func:`iclab.tasks.drift.sample_drift_prompts` (eqs 2-3), for a grid of AR(1) processes g:
 
@@ -27,6 +27,15 @@ tokens): 71 ms against 130-150 ms on one core; 45 ms against 220 ms per jitted c
 retained (:mod:`iclab._malloc`) against glibc's defaults (27 Nov 2026). With 256 ziggurat layers (the slow path
 a quarter of the time before) and the shared layout: 55 ms against 66 ms on one core, 32-34 ms against 36 ms per
 jitted call on two (later that day).
+
+``normals="box_muller"`` draws the same process from another stream, in one LLVM IR kernel over lanes of four
+prompts (:mod:`iclab.tasks._drift_ir`): Philox words under the same key, Box-Muller normals (ln, cos and sin by
+polynomials, a few ulp from numpy's), the AR(1) recursion and the writes, straight-line vector code where the
+ziggurat's branches and table reads were scalar. Its 32-bit uniforms cut the normal's tail beyond 6.66 σ (mass
+2.7·10⁻¹¹). drift.fig1's batch: 50-57 ms against 73-77 ms on one core; 27 against 39 ms per jitted call on two, the
+whole step 112 against 125 ms (minima of alternated calls, 28 Nov 2026, a slow hour of this VM). Its naive twin is
+``_drift_ir.reference`` in numpy (equal bit for bit, tested); the ziggurat stays the default, whose stored results it
+reproduces.
 """
 
 from __future__ import annotations
@@ -39,9 +48,10 @@ import numpy as np
 
 from iclab._host import host_call
 from iclab._numba import compile_kernels
+from iclab.tasks import _drift_ir
 from iclab.threads import run_split, thread_count
 
-__all__ = ["sample_shared_batch", "sample_training_batch"]
+__all__ = ["NORMALS", "sample_shared_batch", "sample_training_batch"]
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
@@ -403,7 +413,8 @@ def _kernel():
     return _kernels()[0]
 
 
-def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: bool = False, out=None):
+def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: bool = False,
+          normals: str = "ziggurat", out=None):
     """The batch, written into ``out`` (the result buffers of the host call) when given."""
     key = np.asarray(key, np.uint32)
     G, d = gamma.shape[0], chol.shape[0]
@@ -411,6 +422,11 @@ def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: 
         out = (np.empty((B, T, d), dtype), np.empty((G, B, T), dtype), np.empty((G, B), dtype))
     elif out is None:
         out = (np.empty((G, B, T, d + 1), dtype), np.empty((G, B), dtype))
+    if normals == "box_muller":
+        params = [np.asarray(a, np.float64) for a in (chol, gamma, sigma_w, sigma_e)]
+        run_split(functools.partial(_drift_ir.sample, round_keys(key[0], key[1]), *params, out), B,
+                  threads=thread_count())  # prompts split over threads
+        return out
     chol = np.asarray(chol, np.float64)
     args = (np.uint64(key[0]), np.uint64(key[1]), round_keys(key[0], key[1]),
             *(np.asarray(a, np.float64) for a in (gamma, sigma_w, sigma_e)), chol,
@@ -419,9 +435,15 @@ def _host(key, gamma, sigma_w, sigma_e, chol, *, B: int, T: int, dtype, shared: 
     return out
 
 
-def _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared):
+#: The standard normals' generators (module docstring).
+NORMALS = ("ziggurat", "box_muller")
+
+
+def _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared, normals):
     if n < 1 or B < 1:
         raise ValueError(f"n and B must be >= 1 (got n={n}, B={B})")
+    if normals not in NORMALS:
+        raise ValueError(f"normals must be one of {', '.join(NORMALS)} (got {normals!r})")
     data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     gamma, sigma_w2, sigma_e2 = jnp.broadcast_arrays(*(jnp.atleast_1d(jnp.asarray(v, jnp.float64))
                                                        for v in (gamma, sigma_w2, sigma_e2)))
@@ -433,12 +455,13 @@ def _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared):
                   jax.ShapeDtypeStruct((G, B), dtype))
     else:
         shapes = (jax.ShapeDtypeStruct((G, B, T, d + 1), dtype), jax.ShapeDtypeStruct((G, B), dtype))
-    host = functools.partial(_host, B=B, T=T, dtype=np.dtype(dtype), shared=shared)
+    host = functools.partial(_host, B=B, T=T, dtype=np.dtype(dtype), shared=shared, normals=normals)
     return host_call(host, shapes, jnp.asarray(data, jnp.uint32), gamma, jnp.sqrt(sigma_w2),
                      jnp.sqrt(sigma_e2), chol, vmap_method="sequential", writes_out=True)
 
 
-def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32):
+def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32,
+                          normals: str = "ziggurat"):
     """Tokens and targets of B drifting-task prompts per process, by the compiled sampler (module docstring).
 
     Args:
@@ -448,14 +471,17 @@ def sample_training_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, 
         n: labelled context pairs (T = n+1 tokens).
         Lam: (d, d) input covariance Λ (positive definite).
         dtype: float dtype of the result (the draws are computed in float64).
+        normals: the standard normals' generator, ``ziggurat`` or ``box_muller`` (module docstring): two streams of
+            one process.
     Returns:
         (Z, y): Z (G, B, n+1, d+1) tokens with the query's label 0, y (G, B) the query's label y_{n+1};
         G = 1 for scalar process parameters.
     """
-    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=False)
+    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=False, normals=normals)
 
 
-def sample_shared_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32):
+def sample_shared_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n: int, Lam, dtype=jnp.float32,
+                        normals: str = "ziggurat"):
     """``sample_training_batch``'s batch in the shared layout: the inputs once, the labels per process.
 
     The G processes share their inputs (common random numbers), so Z_g = [X, Y_g] bit for bit (tested), at
@@ -469,8 +495,9 @@ def sample_shared_batch(key: jax.Array, B: int, *, gamma, sigma_w2, sigma_e2, n:
         n: labelled context pairs (T = n+1 tokens).
         Lam: (d, d) input covariance Λ (positive definite).
         dtype: float dtype of the result (the draws are computed in float64).
+        normals: the standard normals' generator, ``ziggurat`` or ``box_muller`` (module docstring).
     Returns:
         (X, Y, y): X (B, n+1, d) inputs (the query last), Y (G, B, n+1) labels with the query's label 0, y (G, B)
         the query's label y_{n+1}.
     """
-    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=True)
+    return _call(key, B, gamma, sigma_w2, sigma_e2, n, Lam, dtype, shared=True, normals=normals)

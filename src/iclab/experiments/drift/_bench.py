@@ -8,8 +8,9 @@ fresh prompts per step, W_Q, W_K, W_V weights, AdamW, float32.
   position) below the read-out layers.
 
 A step is: draw the batch (every γ from the same normals; the paper presets' sampler, native, draws it with
-``tasks.drift_native.sample_training_batch``, the xla sampler with ``tasks.drift.sample_drift_prompts``: both are
-timed), the loss and its gradient (``_common._group_mse``, the experiments' own loss), one AdamW update. Each
+``tasks.drift_native.sample_training_batch`` with the preset's ``normals``, the xla sampler with
+``tasks.drift.sample_drift_prompts``: both are timed, and fig1's shared layout with each of the native sampler's
+normals, ``sample_s_native_shared_ziggurat`` and ``_box_muller``), the loss and its gradient (``_common._group_mse``, the experiments' own loss), one AdamW update. Each
 part is timed apart (jitted, second call), and the whole step as a jitted loop of ``steps`` steps.
 
 Floor (flops counted from the shapes; a product's backward computes the gradient of each input that needs
@@ -54,7 +55,7 @@ from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
 from iclab.experiments.drift import _common
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
-from iclab.tasks.drift_native import sample_shared_batch, sample_training_batch
+from iclab.tasks.drift_native import NORMALS, sample_shared_batch, sample_training_batch
 
 __all__ = ["bench_drift", "floor_flops_per_prompt"]
 
@@ -111,10 +112,10 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
         return tokens(pr), pr.target
 
     def sample_native(key):
-        return sample_training_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
+        return sample_training_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt, normals=config.normals)
 
-    def sample_shared(key):  # the paper preset's layout for one-layer models on native kernels (_common.train_groups)
-        X, Y, y = sample_shared_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt)
+    def sample_shared(key, normals=config.normals):  # the paper preset's layout for one-layer models on native kernels
+        X, Y, y = sample_shared_batch(key, B, gamma=gam, **config.process(), Lam=Lam, dtype=dt, normals=normals)
         return _common.SharedTokens(X, Y), y
 
     shared = which == "fig1" and config.sampler == "native" and config.kernel == "native"
@@ -142,7 +143,7 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     floor = B * floor_flops_per_prompt(T, D, depths)
     key = jax.random.PRNGKey(0)
     batch0 = jax.jit(sample_native if config.sampler == "native" else sample_xla)(key)  # tokens: every form reads them
-    out = {"models": len(depths), "G": len(gammas), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
+    out = {"normals": config.normals, "models": len(depths), "G": len(gammas), "full_layers": sum(L - 1 for L in depths), "batch": B, "T": T, "D": D, "floor_flops_per_step": floor,
            "sample_s": _timed(jax.jit(sample), key), "sample_s_xla": _timed(jax.jit(sample_xla), key),
            "sample_s_native": _timed(jax.jit(sample_native), key), "xla_flops_sample": compiled_flops(sample_xla, key),
            "forms": {}}
@@ -150,6 +151,9 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     if which == "fig1":
         batches["native_shared"] = batches["native_shared_twin"] = jax.jit(sample_shared)(key)
         out["sample_s_native_shared"] = _timed(jax.jit(sample_shared), key)
+        for normals in NORMALS:  # both generators of the compiled sampler, side by side (the preset's is one of them)
+            out[f"sample_s_native_shared_{normals}"] = _timed(jax.jit(functools.partial(sample_shared, normals=normals)),
+                                                              key)
         forms = tuple(forms) + ("native_shared_twin", "native_shared") if "native" in forms else tuple(forms)
     ref = None
     for form in forms:

@@ -12,7 +12,8 @@ random numbers of one model. Model m of seed s is initialised from fold_in(fold_
 
 ``TrainConfig.sampler`` and ``TrainConfig.kernel``: ``xla`` computes all of this in XLA; ``native`` (the paper
 presets) draws the batches with the compiled sampler ``tasks.drift_native`` (the same process from another
-generator, so other numbers) and runs the models through the compiled kernels of ``models.gla_forget_native``
+generator, so other numbers; ``TrainConfig.normals`` picks its normals: the ziggurat, or Box-Muller, which
+drift.fig1's and drift.baselines' paper presets use) and runs the models through the compiled kernels of ``models.gla_forget_native``
 (the XLA forms' values to float rounding). XLA:CPU reaches a few per cent of this machine's matmul peak on these small products (T = 101 tokens
 of width 11, batched over 5000 prompts); ``iclab bench drift`` measures both.
 
@@ -57,6 +58,8 @@ from iclab.theory import drift as theory
 PAPER = "drift"
 #: How the GLA models run in training (``TrainConfig.kernel``).
 Kernel = Literal["xla", "native"]
+#: The compiled sampler's normals (``tasks.drift_native.NORMALS``).
+Normals = Literal["ziggurat", "box_muller"]
 #: The γ values of Fig 1a and of the LMS/RLS table (spec §5).
 PAPER_GAMMAS = (0.8, 0.85, 0.925, 0.95, 0.975)
 #: Spec §5 table (d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I): γ -> (λ*, err(λ*), err(λ = 1)).
@@ -136,8 +139,15 @@ class TrainConfig(TaskConfig, TrainingConfig):
     sampler: Kernel = param(
         "xla", "how training batches, evaluation prompts and drift.baselines' filtered sequences are drawn: xla "
         "(tasks.drift.sample_drift_prompts) or native (the compiled sampler tasks.drift_native: the same process "
-        "from another generator, Philox and a ziggurat, so other numbers; ~5x faster at the paper's batch)", paper=None,
+        "from another generator, Philox and a ziggurat or Box-Muller (normals), so other numbers; ~5x faster at the "
+        "paper's batch)", paper=None,
         paper_note="implementation choice; the paper presets use native")
+    normals: Normals = param(
+        "ziggurat", "the compiled sampler's standard normals (sampler native only): ziggurat (a numba kernel: Philox "
+        "words, a 256-layer ziggurat, exact) or box_muller (one LLVM IR kernel over lanes of 4 prompts: Philox words, "
+        "Box-Muller with ln, cos, sin by polynomials to a few ulp, the tail beyond 6.66 sigma (mass 2.7e-11) cut; "
+        "other numbers from the same process, ≈ 1.4x faster per core)", paper=None,
+        paper_note="implementation choice; drift.fig1's and drift.baselines' paper presets use box_muller")
     init_std: float = param(0.1, "std of the random Gaussian init of every weight entry", paper=None,
                             paper_note="unspecified ('random Gaussian init')", gt=0, le=10)
     parametrisation: gla.Parametrisation = param(
@@ -323,10 +333,12 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
 
     def sampler(key, aux):
         if shared:
-            X, Y, y = sample_shared_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
+            X, Y, y = sample_shared_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt,
+                                          normals=config.normals)
             return SharedTokens(X, Y), y
         if config.sampler == "native":
-            return sample_training_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
+            return sample_training_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt,
+                                         normals=config.normals)
         pr = sample_drift_prompts(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
         return tokens(pr), pr.target
 
@@ -372,9 +384,10 @@ def eval_prompts(config: TaskConfig, key, N: int, gamma, m: int | None = None):
     Drawn by the configuration's ``sampler`` (``TrainConfig``; xla where it has none): the compiled sampler draws
     drift.baselines' 20 000 evaluation prompts in ≈ 0.1 s against ≈ 1 s for XLA's."""
     gamma = jnp.asarray(gamma, jnp.float64)
-    draw = _draw_native if getattr(config, "sampler", "xla") == "native" else _draw
-    return draw(key, jnp.asarray(config.Lam()), config.n if m is None else m, N, gamma, config.sigma_w2,
-                config.sigma_e2)
+    args = (key, jnp.asarray(config.Lam()), config.n if m is None else m, N, gamma, config.sigma_w2, config.sigma_e2)
+    if getattr(config, "sampler", "xla") == "native":
+        return _draw_native(*args, normals=config.normals)
+    return _draw(*args)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "N"))
@@ -383,10 +396,10 @@ def _draw(key, Lam, n, N, gamma, sigma_w2, sigma_e2):
     return tokens(pr), pr.target
 
 
-@functools.partial(jax.jit, static_argnames=("n", "N"))
-def _draw_native(key, Lam, n, N, gamma, sigma_w2, sigma_e2):
+@functools.partial(jax.jit, static_argnames=("n", "N", "normals"))
+def _draw_native(key, Lam, n, N, gamma, sigma_w2, sigma_e2, normals="ziggurat"):
     Z, y = sample_training_batch(key, N, gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam,
-                                 dtype=jnp.float64)
+                                 dtype=jnp.float64, normals=normals)
     return (Z[0], y[0]) if gamma.ndim == 0 else (Z, y)
 
 
