@@ -32,7 +32,7 @@ jitted call on two (later that day).
 prompts (:mod:`iclab.tasks._drift_ir`): Philox words under the same key, Box-Muller normals (ln, cos and sin by
 polynomials, a few ulp from numpy's), the AR(1) recursion and the writes, straight-line vector code where the
 ziggurat's branches and table reads were scalar. Its 32-bit uniforms cut the normal's tail beyond 6.66 σ (mass
-2.7·10⁻¹¹). drift.fig1's batch: 50-57 ms against 73-77 ms on one core; 27 against 39 ms per jitted call on two, the
+2.7·10⁻¹¹). drift.fig1's batch: 48-57 ms against 73-77 ms on one core; 27 against 39 ms per jitted call on two, the
 whole step 112 against 125 ms (minima of alternated calls, 28 Nov 2026, a slow hour of this VM). Its naive twin is
 ``_drift_ir.reference`` in numpy (equal bit for bit, tested); the ziggurat stays the default, whose stored results it
 reproduces.
