@@ -229,7 +229,6 @@ def sampler_ir(d: int, dtype, full: bool = False, tokens: bool = False) -> str:
     V, IV = ir.V, ir.IV
     OV, PV, MV = f"<{LANES} x {ot}>", f"<{LANES} x ptr>", f"<{LANES} x i1>"
     ids = "<" + ", ".join(f"i64 {j}" for j in range(LANES)) + ">"
-    nblk = (d + 1) // 2  # Philox blocks per position: 2d words (ξ_i's d, then ε_i's)
 
     def load_scalar(base, index):
         p, r = ir.t(), ir.t()
