@@ -241,10 +241,12 @@ def test_readout_mse_shared_does_not_depend_on_the_thread_count(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_readout_mse_kernel_token_chunks_change_no_bit(dtype):
+def test_readout_mse_kernel_token_chunks_and_register_tiles_change_no_bit(dtype):
     """Passes (1) and (3) run chunk by chunk over the tokens for all K models of a row, each model's accumulators
-    waiting in the scratch between chunks: one token per chunk, chunks ending mid-prompt, and one chunk holding
-    every token give the same bits."""
+    waiting in the scratch between chunks, in register tiles of ``tokens`` tokens (pass 1) and ``columns``
+    features (pass 3): one token per chunk, chunks ending mid-prompt or mid-tile, one chunk holding every token,
+    and tiles of one token and one feature (each chain alone, in the order of a dot from the left) give the same
+    bits as the defaults."""
     from iclab.models import _readout_ir
 
     rng = np.random.default_rng(8)
@@ -258,10 +260,11 @@ def test_readout_mse_kernel_token_chunks_change_no_bit(dtype):
     lam = rng.uniform(0.3, 1.0, (G, K)).astype(dtype)
     NB = -(-B // LANES)
     outs = []
-    for chunk in (1, 7, 32, T):
+    for chunk, tokens, columns in ((None, None, None), (1, 1, 1), (1, None, None), (7, 3, 2), (32, 1, 1),
+                                   (T, 5, D), (T, None, 4)):
         out = [np.empty((G, K, NB), dtype), np.empty((G, K, NB, D, D), dtype), np.empty((G, K, NB, D), dtype),
                np.empty((G, K, NB), dtype)]
-        _readout_ir.readout_mse_kernel(D, dtype, chunk)(X, Y, y, M, u, lam, *out, 0, NB)
+        _readout_ir.readout_mse_kernel(D, dtype, chunk, tokens, columns)(X, Y, y, M, u, lam, *out, 0, NB)
         outs.append(out)
     assert np.all(np.isfinite(outs[0][1])) and np.any(outs[0][1] != 0.0)
     for other in outs[1:]:

@@ -15,13 +15,23 @@ Why a kernel: the read-out kernel ``gla_forget_native.readout_grid_shared`` retu
 (∂ŷ/∂c, ∂ŷ/∂u per prompt: 2 × 40 MB at drift.fig1's paper batch), from which XLA forms the gradients; and it
 keeps its 2D + 1 accumulators per lane in memory (a read, an FMA and a store each per token). Here a job is a
 block of LANES prompts (the lanes), gathered once into a (T, D, LANES) scratch for all G rows (only the label
-column is rewritten per row), and each model of the block runs three passes over its tokens with its values in
-registers: (1) s_t and a_t, (2) t descending: ω_t, ŷ and ŷ' = ∂ŷ/∂λ, then the loss and e; (3) c̄ = e Σ_t ω_t a_t z_t
-and ū = e Σ_t ω_t s_t z_t, 2D accumulators. Passes (1) and (3) go over the tokens a chunk at a time (:data:`CHUNK`)
-for all K models of the row: a block's tokens (71 KB at drift.fig1's T = 101, D = 11) overflow L1, a chunk's do
-not, so the K models read them from L1 instead of each from L2 (the kernel alone 17 % faster on one thread,
-5-6 % on two, 28 Nov 2026; the same bits, tested). Each job writes its block's loss and gradients (summed over its lanes,
-16 sums at a time); the host sums the blocks in a fixed order, so the result does not depend on the thread count.
+column is rewritten per row), and each model of the block runs three passes over its tokens: (1) s_t and a_t,
+(2) t descending: ω_t, ŷ and ŷ' = ∂ŷ/∂λ, then the loss and e; (3) c̄ = e Σ_t ω_t a_t z_t and ū = e Σ_t ω_t s_t z_t,
+2D accumulators. Passes (1) and (3) go over the tokens a chunk at a time (:data:`CHUNK`) for all K models of
+the row: a block's tokens (71 KB at drift.fig1's T = 101, D = 11) overflow L1, a chunk's do not, so the K models
+read them from L1 instead of each from L2 (the kernel alone 17 % faster on one thread, 5-6 % on two, 28 Nov
+2026; the same bits, tested).
+
+Register tiles: both passes work on sub-vectors of one 256-bit register (W = 8 float32 or 4 float64 of the
+LANES lanes; AVX2, 16 registers), a LANES-wide vector being 2 or 4 registers. Pass (1) computes :data:`TOKENS`
+tokens at a time, so that each c_f and u_f loaded serves their 2·TOKENS chains (before: two chains a token,
+c's D sub-vectors loaded again for each). Pass (3) first writes e ω_t a_t and e ω_t s_t into the slots of a_t
+and s_t, then accumulates :data:`COLUMNS` features of c̄ and ū at a time over the chunk's tokens, 2·COLUMNS
+accumulators in registers (before: 2D LANES-wide accumulators, 44 registers at D = 11, spilled and reloaded at
+every FMA). Every FMA chain keeps its operands and its order (over f for s_t and a_t, over t for c̄ and ū), so
+the tiles change no bit (tested against one token and one feature a tile). At drift.fig1's paper shape, the
+kernel alone, alternated in one process (29 Nov 2026, a slow hour of this VM): 137-149 → 80-93 ms on one
+thread, 74-94 → 40-53 ms on two.
 
 Flops per (prompt, model): 2D² (c), 4TD (a_t, s_t; then the 2D accumulations), the floor's 2(4TD + 4D²) with
 M̄'s 2D² (``experiments.drift._bench``); plus O(T) for ω and the sums.
@@ -48,6 +58,51 @@ _SLOTS = 3
 #: Tokens per chunk of passes (1) and (3): chunk · D vectors (22 KB at D = 11 in float32) stay in L1 (48 KB here).
 CHUNK = 32
 
+#: Tokens per register tile of pass (1): 2·TOKENS accumulators, c_f, u_f and z_tf in 16 registers.
+TOKENS = 4
+
+#: Features per register tile of pass (3): 2·COLUMNS accumulators and the two weights of a token in 16 registers.
+COLUMNS = 6
+
+#: Bytes of one vector register (AVX2): the sub-vectors of the tiles.
+_REGISTER = 32
+
+
+class _Sub:
+    """Sub-vectors of W lanes (one register) of the builder's LANES-wide vectors: slot·LANES + h·W scalars."""
+
+    def __init__(self, ir: _Builder):
+        self.ir = ir
+        self.W = _REGISTER // (4 if ir.ty == "float" else 8)
+        self.V = f"<{self.W} x {ir.ty}>"
+        self.fma_name = f"llvm.fma.v{self.W}{ir.suffix}"
+        ir.lines.insert(0, f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})")
+
+    def load(self, base: str, slot: int, h: int) -> str:
+        p, r = self.ir.gep(base, slot * LANES + h * self.W), self.ir.tmp()
+        self.ir.emit(f"{r} = load {self.V}, ptr {p}, align 4")
+        return r
+
+    def store(self, value: str, base: str, slot: int, h: int) -> None:
+        self.ir.emit(f"store {self.V} {value}, ptr {self.ir.gep(base, slot * LANES + h * self.W)}, align 4")
+
+    def broadcast(self, base: str, index: int) -> str:
+        """base[index] (a scalar) in every lane."""
+        p, s, i, r = self.ir.gep(base, index), self.ir.tmp(), self.ir.tmp(), self.ir.tmp()
+        self.ir.emit(f"{s} = load {self.ir.ty}, ptr {p}")
+        self.ir.emit(f"{i} = insertelement {self.V} undef, {self.ir.ty} {s}, i32 0")
+        self.ir.emit(f"{r} = shufflevector {self.V} {i}, {self.V} undef, <{self.W} x i32> zeroinitializer")
+        return r
+
+    def chain(self, w: str, x: str, acc: str | None) -> str:
+        """acc + w x by one FMA (w x rounded when acc is None: the first term of a dot)."""
+        r = self.ir.tmp()
+        if acc is None:
+            self.ir.emit(f"{r} = fmul {self.V} {w}, {x}")
+        else:
+            self.ir.emit(f"{r} = call {self.V} @{self.fma_name}({self.V} {w}, {self.V} {x}, {self.V} {acc})")
+        return r
+
 
 def _loop_end(ir: _Builder, name: str) -> None:
     """Closes the loop ``name`` opened by ``_loop_head`` whose latch is the block ``name.end``."""
@@ -57,7 +112,8 @@ def _loop_end(ir: _Builder, name: str) -> None:
     ir.label(f"{name}.done")
 
 
-def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
+def readout_mse_ir(D: int, dtype, chunk: int | None = None, tokens: int | None = None,
+                   columns: int | None = None) -> str:
     """IR of ``readout(X, Y, y, M, U, lam, loss, gM, gu, glam, SC, G, K, B, T, first, stop, inv_B, two_inv_B)``
     (module docstring) for the blocks [first, stop) of LANES prompts: X (B, T, D-1), Y (G, B, T), y (G, B), M (G,
     K, D, D), U (G, K, D), lam (G, K); per (model, block) outputs loss (G, K, NB), gM (G, K, NB, D, D), gu (G, K,
@@ -67,10 +123,14 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
     Passes (1) and (3) run over ``chunk`` tokens at a time for all K models of a row, so that a chunk's tokens
     (chunk · D vectors) stay in L1 while the K models read them; each model's s_t, a_t, ω_t, e and pass-3
     accumulators wait in the scratch between chunks. Every model's operations and their order are those of one
-    model at a time, so the chunking changes no bit (tested). ``chunk``: None for :data:`CHUNK`."""
+    model at a time, so the chunking changes no bit (tested). ``chunk``, ``tokens``, ``columns``: None for
+    :data:`CHUNK`, :data:`TOKENS` and :data:`COLUMNS` (the register tiles of passes (1) and (3); no bit either)."""
     chunk = CHUNK if chunk is None else int(chunk)
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1 (got {chunk})")
+    tokens = TOKENS if tokens is None else int(tokens)
+    columns = COLUMNS if columns is None else int(columns)
+    for name, value in (("chunk", chunk), ("tokens", tokens), ("columns", columns)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (got {value})")
     ir = _Builder(dtype)
     V, ty = ir.V, ir.ty
     IV = f"<{LANES} x i64>"
@@ -177,19 +237,40 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
     for f, x in enumerate(c):
         ir.store(x, p["c"], f)
     _loop_end(ir, "kc")
-    # pass 1, chunk by chunk, model by model: s_t = c·z_t, a_t = u·z_t
+    # pass 1, chunk by chunk, model by model, sub-vector by sub-vector: s_t = c·z_t, a_t = u·z_t, ``tokens`` tokens a
+    # tile (then the chunk's last tokens one at a time), each chain over f from the left as ``ir.dot``'s
+    sub = _Sub(ir)
     p = chunk_models("c1", "k1", "kc.done")
-    ir.emit("br label %p1")
-    _loop_head(ir, "p1", "k1.body", "p1.body", "%c1.i", 1, "%c1.e")
-    zp, sp = token("p1", p["sa"])
-    z = [ir.load(zp, f) for f in range(D)]
-    cs = ir.opaque(p["c"])
-    s, a = ir.dots([([ir.load(cs, f) for f in range(D)], z, None), ([ir.weight("%k1.Up", D, 0, f) for f in range(D)],
-                                                                       z, None)])
-    ir.store(s, sp, _S)
-    ir.store(a, sp, _A)
-    ir.emit("br label %p1")
-    ir.label("p1.done")
+    prev = "k1.body"
+    for h in range(LANES // sub.W):
+        for L, n, start in ((f"tile{h}", tokens, "%c1.i"), (f"tail{h}", 1, f"%tile{h}.i")):
+            ir.emit(f"br label %{L}")
+            ir.label(L)
+            ir.emit(f"%{L}.i = phi i64 [{start}, %{prev}], [%{L}.n, %{L}.body]")
+            ir.emit(f"%{L}.t = add i64 %{L}.i, {n}")
+            ir.emit(f"%{L}.c = icmp sle i64 %{L}.t, %c1.e")
+            ir.emit(f"br i1 %{L}.c, label %{L}.body, label %{L}.done")
+            ir.label(f"{L}.body")
+            ir.emit(f"%{L}.n = add i64 %{L}.i, {n}")
+            up, cp = ir.opaque("%k1.Up"), ir.opaque(p["c"])  # u and c read in the loop, not hoisted and spilled
+            zs, sas = [], []
+            for j in range(n):
+                ir.emit(f"%{L}.t{j}.i = add i64 %{L}.i, {j}")
+                zp, sp = token(f"{L}.t{j}", p["sa"])
+                zs.append(zp)
+                sas.append(sp)
+            s_, a_ = [None] * n, [None] * n
+            for f in range(D):
+                cf, uf = sub.load(cp, f, h), sub.broadcast(up, f)
+                for j in range(n):
+                    z = sub.load(zs[j], f, h)
+                    s_[j], a_[j] = sub.chain(cf, z, s_[j]), sub.chain(uf, z, a_[j])
+            for j in range(n):
+                sub.store(s_[j], sas[j], _S, h)
+                sub.store(a_[j], sas[j], _A, h)
+            ir.emit(f"br label %{L}")
+            ir.label(f"{L}.done")
+            prev = f"{L}.done"
     _loop_end(ir, "k1")
     _loop_end(ir, "c1")
     # pass 2, model by model, t descending: ω_t (stored), ŷ += ω_t a_t s_t, ŷ' += ω'_t a_t s_t; the loss and e
@@ -233,30 +314,51 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None) -> str:
     for i in range(2 * D):  # pass 3's accumulators start at zero (fma(x, z, +0) = x z rounded, as before)
         ir.store("zeroinitializer", p["acc"], i)
     _loop_end(ir, "k2")
-    # pass 3, chunk by chunk, model by model: c̄ = Σ_t (e ω_t a_t) z_t, ū = Σ_t (e ω_t s_t) z_t
+    # pass 3, chunk by chunk, model by model: e ω_t a_t and e ω_t s_t into the slots of a_t and s_t, then
+    # c̄ = Σ_t (e ω_t a_t) z_t and ū = Σ_t (e ω_t s_t) z_t, ``columns`` features a tile, sub-vector by sub-vector
     p = chunk_models("c3", "k3", "k2.done")
     ev = ir.load(p["e"], 0)
-    init = [ir.load(p["acc"], i) for i in range(2 * D)]
-    ir.emit("br label %p3")
-    ir.label("p3")
-    ir.emit("%p3.i = phi i64 [%c3.i, %k3.body], [%p3.n, %p3.body]")
-    acc = [f"%acc{i}" for i in range(2 * D)]
-    at = len(ir.lines)
-    ir.emit("%p3.c = icmp slt i64 %p3.i, %c3.e")
-    ir.emit("br i1 %p3.c, label %p3.body, label %p3.done")
-    ir.label("p3.body")
-    ir.emit("%p3.n = add i64 %p3.i, 1")
-    zp, sp = token("p3", p["sa"])
+    ir.emit("br label %xs")
+    _loop_head(ir, "xs", "k3.body", "xs.body", "%c3.i", 1, "%c3.e")
+    _, sp = token("xs", p["sa"])
     eo = ir.mul(ev, ir.load(sp, _OM))
-    xc, xu = ir.mul(eo, ir.load(sp, _A)), ir.mul(eo, ir.load(sp, _S))
-    zr = ir.opaque(zp)
-    zs = [ir.load(zr, f) for f in range(D)]
-    new = [ir.fma(x, zs[f], acc[i]) for i, (x, f) in enumerate([(xc, f) for f in range(D)] + [(xu, f) for f in range(D)])]
-    ir.emit("br label %p3")
-    ir.lines[at:at] = [f"  {acc[i]} = phi {V} [{init[i]}, %k3.body], [{new[i]}, %p3.body]" for i in range(2 * D)]
-    ir.label("p3.done")
-    for i in range(2 * D):
-        ir.store(acc[i], p["acc"], i)
+    ir.store(ir.mul(eo, ir.load(sp, _A)), sp, _A)
+    ir.store(ir.mul(eo, ir.load(sp, _S)), sp, _S)
+    ir.emit("br label %xs")
+    ir.label("xs.done")
+    ntile = -(-D // columns)
+    edges = [D * i // ntile for i in range(ntile + 1)]  # tiles of ⌊D/ntile⌋ or ⌈D/ntile⌉ features
+    prev = "xs.done"
+    for h in range(LANES // sub.W):
+        for ct in range(ntile):
+            fs = range(edges[ct], edges[ct + 1])
+            slots = [(_A, f, f) for f in fs] + [(_S, f, D + f) for f in fs]  # (weight's slot, feature, acc slot)
+            init = [sub.load(p["acc"], i, h) for _, _, i in slots]
+            L = f"acc{h}_{ct}"
+            ir.emit(f"br label %{L}")
+            ir.label(L)
+            ir.emit(f"%{L}.i = phi i64 [%c3.i, %{prev}], [%{L}.n, %{L}.body]")
+            accs = [f"%{L}.a{j}" for j in range(len(slots))]
+            at = len(ir.lines)
+            ir.emit(f"%{L}.c = icmp slt i64 %{L}.i, %c3.e")
+            ir.emit(f"br i1 %{L}.c, label %{L}.body, label %{L}.done")
+            ir.label(f"{L}.body")
+            ir.emit(f"%{L}.n = add i64 %{L}.i, 1")
+            zp, sp = token(L, p["sa"])
+            x = {_A: sub.load(sp, _A, h), _S: sub.load(sp, _S, h)}
+            new = [None] * len(slots)
+            for f in fs:  # z_tf loaded when its two FMAs use it: 2·COLUMNS + 3 registers live
+                z = sub.load(zp, f, h)
+                for j, (w, g, _) in enumerate(slots):
+                    if g == f:
+                        new[j] = sub.chain(x[w], z, accs[j])
+            ir.emit(f"br label %{L}")
+            ir.lines[at:at] = [f"  {accs[j]} = phi {sub.V} [{init[j]}, %{prev}], [{new[j]}, %{L}.body]"
+                               for j in range(len(slots))]
+            ir.label(f"{L}.done")
+            for j, (_, _, i) in enumerate(slots):
+                sub.store(accs[j], p["acc"], i, h)
+            prev = f"{L}.done"
     _loop_end(ir, "k3")
     _loop_end(ir, "c3")
     # each model's gradients of u and W^{KQ}: lane sums of its accumulators
@@ -295,15 +397,17 @@ def scratch_vectors(D: int, K: int, T: int) -> int:
 
 
 @functools.cache
-def readout_mse_kernel(D: int, dtype=np.float32, chunk: int | None = None):
-    """The kernel of :func:`readout_mse_ir` (``chunk`` tokens per chunk; None: :data:`CHUNK`), compiled on first
+def readout_mse_kernel(D: int, dtype=np.float32, chunk: int | None = None, tokens: int | None = None,
+                       columns: int | None = None):
+    """The kernel of :func:`readout_mse_ir` (``chunk`` tokens per chunk, ``tokens`` and ``columns`` its register
+    tiles; None: :data:`CHUNK`, :data:`TOKENS`, :data:`COLUMNS`), compiled on first
     use: ``readout(X, Y, y, M, U, lam, loss, gM, gu, glam, first, stop)`` on numpy arrays (shapes in
     :func:`readout_mse_ir`; C-contiguous, of ``dtype``) over the blocks [first, stop); releases the GIL
     (``iclab.threads.run_split`` runs it on threads)."""
     dtype = np.dtype(dtype)
     scalar = _TYPES[dtype][2]
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn = compile_function(readout_mse_ir(D, dtype, chunk), "readout", None, (P,) * 11 + (I,) * 6 + (scalar, scalar))
+    fn = compile_function(readout_mse_ir(D, dtype, chunk, tokens, columns), "readout", None, (P,) * 11 + (I,) * 6 + (scalar, scalar))
 
     def readout(X, Y, y, M, U, lam, loss, gM, gu, glam, first, stop):
         G, B, T = Y.shape
