@@ -47,7 +47,7 @@ import numpy as np
 from iclab._llvm import compile_function
 from iclab.models._blocked import LANES
 from iclab.models._layer_ir import (_TYPES, _Builder, _gather, _lane_sums, _loop_head, _pointer, _scratch,
-                                    _splat_i64, _store_lanes, _token_sums)
+                                    _splat_i64, _store_lanes)
 
 __all__ = ["readout_mse_kernel"]
 
@@ -64,16 +64,20 @@ TOKENS = 4
 #: Features per register tile of pass (3): 2·COLUMNS accumulators and the two weights of a token in 16 registers.
 COLUMNS = 6
 
-#: Bytes of one vector register (AVX2): the sub-vectors of the tiles.
-_REGISTER = 32
+#: Bytes of one vector register (AVX2, this project's CPUs): the register tiles' sub-vectors.
+REGISTER_BYTES = 32
 
 
-class _Sub:
-    """Sub-vectors of W lanes (one register) of the builder's LANES-wide vectors: slot·LANES + h·W scalars."""
+class _SubVectors:
+    """Sub-vectors of W lanes (one register: W = 8 float32 or 4 float64) of a builder's LANES-wide vectors, the
+    h-th of the vector in slot ``slot`` at ``slot``·LANES + h·W scalars. The register tiles are counted in them: a
+    LANES-wide vector is LANES / W registers, so 2D LANES-wide accumulators (44 registers at D = 11 in float32)
+    spill on a CPU with 16."""
 
     def __init__(self, ir: _Builder):
         self.ir = ir
-        self.W = _REGISTER // (4 if ir.ty == "float" else 8)
+        self.W = REGISTER_BYTES // (4 if ir.ty == "float" else 8)
+        self.count = LANES // self.W
         self.V = f"<{self.W} x {ir.ty}>"
         self.fma_name = f"llvm.fma.v{self.W}{ir.suffix}"
         ir.lines.insert(0, f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})")
@@ -95,13 +99,20 @@ class _Sub:
         return r
 
     def chain(self, w: str, x: str, acc: str | None) -> str:
-        """acc + w x by one FMA (w x rounded when acc is None: the first term of a dot)."""
+        """acc + w x by one FMA (w x rounded when acc is None: the first term of a dot, as ``_Builder.dot``)."""
         r = self.ir.tmp()
         if acc is None:
             self.ir.emit(f"{r} = fmul {self.V} {w}, {x}")
         else:
             self.ir.emit(f"{r} = call {self.V} @{self.fma_name}({self.V} {w}, {self.V} {x}, {self.V} {acc})")
         return r
+
+
+def _split(n: int, size: int) -> list[tuple[int, int]]:
+    """[0, n) in ⌈n / size⌉ contiguous ranges whose sizes differ by at most one."""
+    k = -(-n // size)
+    edges = [n * i // k for i in range(k + 1)]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _loop_end(ir: _Builder, name: str) -> None:
@@ -239,10 +250,10 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None, tokens: int | None =
     _loop_end(ir, "kc")
     # pass 1, chunk by chunk, model by model, sub-vector by sub-vector: s_t = c·z_t, a_t = u·z_t, ``tokens`` tokens a
     # tile (then the chunk's last tokens one at a time), each chain over f from the left as ``ir.dot``'s
-    sub = _Sub(ir)
+    sub = _SubVectors(ir)
     p = chunk_models("c1", "k1", "kc.done")
     prev = "k1.body"
-    for h in range(LANES // sub.W):
+    for h in range(sub.count):
         for L, n, start in ((f"tile{h}", tokens, "%c1.i"), (f"tail{h}", 1, f"%tile{h}.i")):
             ir.emit(f"br label %{L}")
             ir.label(L)
@@ -326,12 +337,10 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None, tokens: int | None =
     ir.store(ir.mul(eo, ir.load(sp, _S)), sp, _S)
     ir.emit("br label %xs")
     ir.label("xs.done")
-    ntile = -(-D // columns)
-    edges = [D * i // ntile for i in range(ntile + 1)]  # tiles of ⌊D/ntile⌋ or ⌈D/ntile⌉ features
     prev = "xs.done"
-    for h in range(LANES // sub.W):
-        for ct in range(ntile):
-            fs = range(edges[ct], edges[ct + 1])
+    for h in range(sub.count):
+        for ct, (f0, f1) in enumerate(_split(D, columns)):
+            fs = range(f0, f1)
             slots = [(_A, f, f) for f in fs] + [(_S, f, D + f) for f in fs]  # (weight's slot, feature, acc slot)
             init = [sub.load(p["acc"], i, h) for _, _, i in slots]
             L = f"acc{h}_{ct}"

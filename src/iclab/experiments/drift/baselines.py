@@ -236,7 +236,9 @@ register(
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
         runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
-                 "paper": "118 s on the 2-core machine (run 28 Nov 2026, 23:35, with normals = box_muller, the paper "
+                 "paper": "103 s on the 2-core machine (run 29 Nov 2026, 02:45, a slow hour of this VM, with the fused "
+                          "loss kernel's register tiles: its 14 stored arrays bit for bit those of the following 118-s run). "
+                          "118 s (run 28 Nov 2026, 23:35, with normals = box_muller, the paper "
                           "preset's since: the compiled sampler's Box-Muller kernel, other numbers from the same process; "
                           "162 s with the ziggurat at 23:36, the same half hour, a slow one for this VM). 5/7 checks: the "
                           "γ = 0.8 model on the rank-one saddle again (12.5 % above Theorem 2, named by the saddle check), so "

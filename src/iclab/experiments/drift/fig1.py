@@ -455,10 +455,12 @@ register(
         ],
         runtime={"quick": "≈ 18 s on the idle 2-core machine (estimated: 10 s measured at 300 steps before the held-out "
                           "matching; 34-50 s under load)",
-                 "paper": "293 s on the 2-core machine (run 28 Nov 2026, 23:28, with normals = box_muller, the paper "
+                 "paper": "211 s on the 2-core machine (run 29 Nov 2026, 02:42, a slow hour of this VM, with the fused "
+                          "loss kernel's register tiles: its 39 stored arrays bit for bit those of the 293-s run of 28 Nov "
+                          "23:28). 293 s there with normals = box_muller, the paper "
                           "preset's since: the compiled sampler's Box-Muller kernel, other numbers from the same process; "
                           "337 s with the ziggurat the same half hour, 23:39, on a slow hour of this VM whose bench step read "
-                          "0.144 s against 0.091 s at a fast one). 17/19 checks: the two saddle checks (14 of the 85 models "
+                          "0.144 s against 0.091 s at a fast one. 17/19 checks: the two saddle checks (14 of the 85 models "
                           "on the rank-one saddle, named; the worst gap γ = 0.975, λ = 0.725, 40 %; the query-sensitivity "
                           "cosine 0.965 at γ = 0.8); (b-d) within 2.3 % of Theorem 3. Before, with the ziggurat: "
                           "200 s on the idle 2-core machine (run 27 Nov 2026, 16:02, with the kernels' thread pool kept for the "
