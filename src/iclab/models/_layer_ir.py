@@ -317,15 +317,18 @@ def _loop_head(ir: _Builder, name: str, entry: str, latch: str, start: str, step
     return f"{name}.body"
 
 
-def _rows_loop(ir: _Builder, name: str, entry: str, n: int, init: list[str], body) -> list[str]:
-    """A loop over rows e = 0..n-1 (not unrolled) carrying the vectors ``init`` in phis: ``body(e, carried)``
-    emits one row's straight-line IR (``e`` an i64 value) and returns the carried vectors' next values. Returns
-    the carried vectors after the last row. A row's operations stay together: unrolled, LLVM's scheduler moved
-    every row's state update ahead of the accumulations that consume it and spilled the state to the stack."""
-    V = ir.V
+def _rows_loop(ir: _Builder, name: str, entry: str, n, init: list[str], body, *, start="0",
+               vector: str | None = None) -> list[str]:
+    """A loop over rows e = start..n-1 (not unrolled; ``start`` and ``n`` constants or i64 values) entered from
+    the block ``entry``, carrying the vectors ``init`` (of type ``vector``, None for the builder's) in phis:
+    ``body(e, carried)`` emits one row's straight-line IR (``e`` = %{name}.i, an i64 value) and returns the carried
+    vectors' next values. Returns the carried vectors after the last row; ends in the block ``name.done``. A
+    row's operations stay together: unrolled, LLVM's scheduler moved every row's state update ahead of the
+    accumulations that consume it and spilled the state to the stack."""
+    V = ir.V if vector is None else vector
     ir.emit(f"br label %{name}")
     ir.label(name)
-    ir.emit(f"%{name}.i = phi i64 [0, %{entry}], [%{name}.n, %{name}.body]")
+    ir.emit(f"%{name}.i = phi i64 [{start}, %{entry}], [%{name}.n, %{name}.body]")
     carried = [f"%{name}.c{i}" for i in range(len(init))]
     at = len(ir.lines)
     ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, {n}")

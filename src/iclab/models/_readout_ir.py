@@ -47,7 +47,7 @@ import numpy as np
 from iclab._llvm import compile_function
 from iclab.models._blocked import LANES
 from iclab.models._layer_ir import (_TYPES, _Builder, _gather, _lane_sums, _loop_head, _pointer, _scratch,
-                                    _splat_i64, _store_lanes)
+                                    _rows_loop, _splat_i64, _store_lanes)
 
 __all__ = ["readout_mse_kernel"]
 
@@ -344,27 +344,19 @@ def readout_mse_ir(D: int, dtype, chunk: int | None = None, tokens: int | None =
             slots = [(_A, f, f) for f in fs] + [(_S, f, D + f) for f in fs]  # (weight's slot, feature, acc slot)
             init = [sub.load(p["acc"], i, h) for _, _, i in slots]
             L = f"acc{h}_{ct}"
-            ir.emit(f"br label %{L}")
-            ir.label(L)
-            ir.emit(f"%{L}.i = phi i64 [%c3.i, %{prev}], [%{L}.n, %{L}.body]")
-            accs = [f"%{L}.a{j}" for j in range(len(slots))]
-            at = len(ir.lines)
-            ir.emit(f"%{L}.c = icmp slt i64 %{L}.i, %c3.e")
-            ir.emit(f"br i1 %{L}.c, label %{L}.body, label %{L}.done")
-            ir.label(f"{L}.body")
-            ir.emit(f"%{L}.n = add i64 %{L}.i, 1")
-            zp, sp = token(L, p["sa"])
-            x = {_A: sub.load(sp, _A, h), _S: sub.load(sp, _S, h)}
-            new = [None] * len(slots)
-            for f in fs:  # z_tf loaded when its two FMAs use it: 2·COLUMNS + 3 registers live
-                z = sub.load(zp, f, h)
-                for j, (w, g, _) in enumerate(slots):
-                    if g == f:
-                        new[j] = sub.chain(x[w], z, accs[j])
-            ir.emit(f"br label %{L}")
-            ir.lines[at:at] = [f"  {accs[j]} = phi {sub.V} [{init[j]}, %{prev}], [{new[j]}, %{L}.body]"
-                               for j in range(len(slots))]
-            ir.label(f"{L}.done")
+
+            def tokens_of_tile(_, accs, L=L, slots=slots, fs=fs, h=h):  # token %{L}.i of the chunk
+                zp, sp = token(L, p["sa"])
+                x = {_A: sub.load(sp, _A, h), _S: sub.load(sp, _S, h)}
+                new = [None] * len(slots)
+                for f in fs:  # z_tf loaded when its two FMAs use it: 2·COLUMNS + 3 registers live
+                    z = sub.load(zp, f, h)
+                    for j, (w, g, _) in enumerate(slots):
+                        if g == f:
+                            new[j] = sub.chain(x[w], z, accs[j])
+                return new
+
+            accs = _rows_loop(ir, L, prev, "%c3.e", init, tokens_of_tile, start="%c3.i", vector=sub.V)
             for j, (_, _, i) in enumerate(slots):
                 sub.store(accs[j], p["acc"], i, h)
             prev = f"{L}.done"
