@@ -30,8 +30,8 @@ and s_t, then accumulates :data:`COLUMNS` features of c̄ and ū at a time over 
 accumulators in registers (before: 2D LANES-wide accumulators, 44 registers at D = 11, spilled and reloaded at
 every FMA). Every FMA chain keeps its operands and its order (over f for s_t and a_t, over t for c̄ and ū), so
 the tiles change no bit (tested against one token and one feature a tile). At drift.fig1's paper shape, the
-kernel alone, alternated in one process (29 Nov 2026, a slow hour of this VM): 137-149 → 80-93 ms on one
-thread, 74-94 → 40-53 ms on two.
+kernel alone, alternated in one process (29 Nov 2026, a slow hour of this VM): 177-181 → 87-105 ms on one
+thread, 84-108 → 53-61 ms on two.
 
 Flops per (prompt, model): 2D² (c), 4TD (a_t, s_t; then the 2D accumulations), the floor's 2(4TD + 4D²) with
 M̄'s 2D² (``experiments.drift._bench``); plus O(T) for ω and the sums.
