@@ -119,14 +119,26 @@ class _Builder:
         self.emit(f"{r} = getelementptr {self.ty}, ptr {base}, i64 {offset}")
         return r
 
-    def load(self, base: str, slot: int) -> str:
-        """The vector at ``base`` + slot·LANES scalars."""
-        p, r = self.gep(base, slot * LANES), self.tmp()
+    def affine(self, index, scale: int, add: int = 0):
+        """index·scale + add: a constant if ``index`` is one, else an i64 value (a runtime loop's index)."""
+        if isinstance(index, int):
+            return index * scale + add
+        r = self.tmp()
+        self.emit(f"{r} = mul i64 {index}, {scale}")
+        if add:
+            a = self.tmp()
+            self.emit(f"{a} = add i64 {r}, {add}")
+            r = a
+        return r
+
+    def load(self, base: str, slot) -> str:
+        """The vector at ``base`` + slot·LANES scalars (``slot`` a constant or an i64 value)."""
+        p, r = self.gep(base, self.affine(slot, LANES)), self.tmp()
         self.emit(f"{r} = load {self.V}, ptr {p}, align 4")
         return r
 
-    def store(self, value: str, base: str, slot: int) -> None:
-        p = self.gep(base, slot * LANES)
+    def store(self, value: str, base: str, slot) -> None:
+        p = self.gep(base, self.affine(slot, LANES))
         self.emit(f"store {self.V} {value}, ptr {p}, align 4")
 
     def splat(self, scalar: str) -> str:
@@ -135,12 +147,20 @@ class _Builder:
         self.emit(f"{r} = shufflevector {self.V} {i}, {self.V} undef, <{LANES} x i32> zeroinitializer")
         return r
 
-    def weight(self, W: str, D: int, e: int, f: int) -> str:
-        """W[e, f] broadcast, read in the current block through an opaque copy of W (not hoisted, not spilled)."""
+    def weight(self, W: str, D: int, e, f) -> str:
+        """W[e, f] broadcast, read in the current block through an opaque copy of W (not hoisted, not spilled);
+        e or f may be an i64 value (a runtime loop's index)."""
         key = (W, self._block)
         if key not in self._opaque:
             self._opaque[key] = self.opaque(W)
-        p, s = self.gep(self._opaque[key], e * D + f), self.tmp()
+        base = self._opaque[key]
+        if isinstance(e, int) and isinstance(f, int):
+            offset = e * D + f
+        elif isinstance(f, int):
+            offset = self.affine(e, D, f)
+        else:
+            base, offset = self.gep(base, e * D), f  # e constant, f a value
+        p, s = self.gep(base, offset), self.tmp()
         self.emit(f"{s} = load {self.ty}, ptr {p}")
         return self.splat(s)
 
@@ -240,11 +260,6 @@ class _Builder:
         self.emit(f"{r} = add i64 {offset}, {add}")
         return r
 
-    def projections(self, z, D: int):
-        """[q, k, v]: W z for W = W_Q, W_K, W_V, each D vectors."""
-        return [self.dots([([self.weight(W, D, e, f) for f in range(D)], z, None) for e in range(D)])
-                for W in ("%WQ", "%WK", "%WV")]
-
     def text(self) -> str:
         return "\n".join(self.lines + ["}"])
 
@@ -258,6 +273,11 @@ def acc_vectors(D: int) -> int:
     """Vectors of backward_ir's scratch ACC: S (or E) and X (2D²), later the weight gradients' accumulators
     (3D² + D)."""
     return max(2 * D * D, 3 * D * D + D)
+
+
+#: Outputs of the backward's token cotangent z̄_t an iteration of its loop (``_units_loop``): its chains are long
+#: (D or 2D FMAs), so one alone would wait on each FMA's latency.
+Z_UNITS = 4
 
 
 #: Vectors per token of the gated backward's scratch DA: ā_t, and g_t, 1 − g_t from pass 1 for pass 2.
@@ -342,6 +362,49 @@ def _rows_loop(ir: _Builder, name: str, entry: str, n, init: list[str], body, *,
     return carried
 
 
+def _units_loop(ir: _Builder, name: str, n: int, per: int, body) -> None:
+    """Units u = 0..n-1 of straight-line IR, ``per`` units an iteration of a runtime loop (not unrolled), the
+    last n mod per after it with constant indices: ``body(units)`` emits the IR of the units (i64 values or
+    constants) in the current block. Ends in a block of its own (``name.done`` or the tail's).
+
+    Why loops: on this VM's host in its slow hours, straight-line code beyond a few hundred instructions ran at
+    a fraction of the rate of the same FMAs in a small loop (6 chains of FMAs with memory operands, one thread,
+    one minute apart: 93 GFLOP/s unrolled 4 steps a loop, 55 at 64, 35-49 at 256-1024), while a tight FMA loop
+    and a matmul kept their speed; the layers' projections, unrolled (3D² FMAs), took 2.4× the time of the same
+    FMAs looped over the rows (D = 16, T = 103, 16 blocks, one thread; the same bits)."""
+    full = n - n % per
+    if full:
+        entry = ir._block
+        ir.emit(f"br label %{name}")
+        _loop_head(ir, name, entry, f"{name}.latch", "0", per, str(full))
+        body([ir.affine(f"%{name}.i", 1, r) for r in range(per)])
+        ir.emit(f"br label %{name}.latch")
+        ir.label(f"{name}.latch")  # the body may end in a block of its own (a loop inside)
+        ir.emit(f"br label %{name}")
+        ir.label(f"{name}.done")
+    if full < n:
+        body(list(range(full, n)))
+
+
+def _projections(ir: _Builder, name: str, zp: str, out: str, D: int) -> None:
+    """q_t, k_t, v_t = W z_t for W = W_Q, W_K, W_V (chains over f from the left, as the numba kernels) into
+    out's slots i·D + e, a row e of the three a loop iteration (``_units_loop``), z_t read from zp as memory
+    operands."""
+
+    def rows(units):
+        chains, slots = [], []
+        for e in units:
+            zo = ir.opaque(zp)
+            z = [ir.load(zo, f) for f in range(D)]
+            for i, W in enumerate(("%WQ", "%WK", "%WV")):
+                chains.append(([ir.weight(W, D, e, f) for f in range(D)], z, None))
+                slots.append(ir.affine(e, 1, i * D))
+        for slot, x in zip(slots, ir.dots(chains)):
+            ir.store(x, out, slot)
+
+    _units_loop(ir, name, D, 1, rows)
+
+
 #: The extra arguments of a kernel whose input tokens are gathered (``gathered=True``): the positions P (int64) and
 #: Z's tokens per block TZ.
 _GATHER_ARGS = ", ptr noalias %P, i64 %TZ"
@@ -389,9 +452,7 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: boo
     op = ir.gep("%O", "%toff")
     z = [ir.load(zp, f) for f in range(D)]
     decay = _gates(ir, z, D)[0] if gated else lam
-    for i, x in enumerate(ir.projections(z, D)):
-        for e in range(D):
-            ir.store(x[e], "%QK", i * D + e)
+    _projections(ir, "pj", zp, "%QK", D)
 
     def row(e, _):  # S_t[e] = g_t S_{t-1}[e] + v_t[e] k_t, o_t[e] = [z_t[e] +] S_t[e]·q_t
         ir.emit(f"%fr.so = mul i64 {e}, {D * LANES}")
@@ -406,7 +467,7 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: boo
         ir.store(acc, ir.gep(op, "%fr.vo"), 0)
         return []
 
-    _rows_loop(ir, "fr", "t.body", D, [], row)
+    _rows_loop(ir, "fr", ir._block, D, [], row)
     ir.emit("br label %t")
     ir.label("t.done")
     ir.emit("br label %blk")
@@ -474,7 +535,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
                 ir.gep("%QKV", f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
 
     # pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t
-    _loop_head(ir, "p1", "blk.body", "p1r.done", "0", 1, "%T")
+    _loop_head(ir, "p1", "blk.body", "p1.latch", "0", 1, "%T")
     zp, dop, dzp, sp, gp = token_pointers("p1")
     z = [ir.load(zp, f) for f in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
@@ -484,10 +545,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.store(sm, ir.gep("%DA", "%p1.off"), 2)
     else:
         decay = lam
-    qkv = ir.projections(z, D)
-    for i in range(3):
-        for e in range(D):
-            ir.store(qkv[i][e], sp, i * D + e)
+    _projections(ir, "p1j", zp, sp, D)
 
     # S_t's rows one loop iteration each (_rows_loop): k_t, v_t[e], ō_t[e] read from memory, q̄ in the phis
     def row(e, dq):
@@ -503,14 +561,22 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
             dq[j] = ir.fma(s, doe, dq[j])
         return dq
 
-    dq = _rows_loop(ir, "p1r", "p1.body", D, [zero] * D, row)
+    dq = _rows_loop(ir, "p1r", ir._block, D, [zero] * D, row)
     for e in range(D):
         ir.store(dq[e], gp, e)
-    if grad_z:
-        zbar = ir.dots([([ir.weight("%WQ", D, e, f) for e in range(D)], dq, do[f] if residual else None)
-                        for f in range(D)])
-        for f in range(D):
-            ir.store(zbar[f], dzp, f)
+    if grad_z:  # z̄_t[f] = [ō_t[f] +] Σ_e W_Q[e, f] q̄_t[e], Z_UNITS f a loop iteration, q̄_t read from memory
+
+        def zbar(units):
+            gq = ir.opaque(gp)
+            dqs = [ir.load(gq, e) for e in range(D)]
+            chains = [([ir.weight("%WQ", D, e, f) for e in range(D)], dqs, ir.load(dop, f) if residual else None)
+                      for f in units]
+            for f, x in zip(units, ir.dots(chains)):
+                ir.store(x, dzp, f)
+
+        _units_loop(ir, "p1z", D, Z_UNITS, zbar)
+    ir.emit("br label %p1.latch")
+    ir.label("p1.latch")
     ir.emit("br label %p1")
     ir.label("p1.done")
     for e in range(D):
@@ -520,7 +586,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit("br label %p2")
     # pass 2, t descending: E_t, k̄_t = E_tᵀ v_t, v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t, and λ̄
     ir.label("p2")
-    p2latch = "p2r.done"  # the token loop's last block: the rows loop's exit
+    p2latch = "p2.latch"  # the token loop's last block
     ir.emit(f"%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %{p2latch}]")
     at = len(ir.lines)
     ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
@@ -559,10 +625,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.store(ir.dot(new, k), ir.gep(gp, "%p2r.vo"), 2 * D)  # v̄_t[e]
         return dk + ([gl] if grad_lam else [])
 
-    out = _rows_loop(ir, "p2r", "p2.body", D, [zero] * D + (["%gl"] if grad_lam else []), row)
+    out = _rows_loop(ir, "p2r", ir._block, D, [zero] * D + (["%gl"] if grad_lam else []), row)
     dk, gl = out[:D], (out[D] if grad_lam else None)
-    vb = ir.opaque(gp)
-    dv = [ir.load(vb, 2 * D + e) for e in range(D)]
     if grad_lam:
         ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %{p2latch}]")
     if gated:
@@ -577,14 +641,21 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.emit(f"%R.n = fadd {V} %R, {_sub(ir, oo, ir.dot(k, dk))}")
         da = ir.mul(sm, "%R.n")
         ir.store(da, ir.gep("%DA", "%p2.off"), 0)
-    if grad_z:  # z̄_t[f] += [ā_t w_g[f] +] Σ_e (W_K[e, f] k̄_t[e] + W_V[e, f] v̄_t[e])
-        chains = []
-        for f in range(D):
-            ws = [w for e in range(D) for w in (ir.weight("%WK", D, e, f), ir.weight("%WV", D, e, f))]
-            xs = [x for e in range(D) for x in (dk[e], dv[e])]
-            chains.append((ws, xs, ir.mul(da, ir.weight("%wg", D, 0, f)) if gated else None))
-        for f, acc in enumerate(ir.dots(chains)):
-            ir.store(ir.add(ir.load(dzp, f), acc), dzp, f)
+    if grad_z:  # z̄_t[f] += [ā_t w_g[f] +] Σ_e (W_K[e, f] k̄_t[e] + W_V[e, f] v̄_t[e]), k̄_t, v̄_t from memory
+
+        def zbar(units):
+            gb = ir.opaque(gp)
+            xs = [ir.load(gb, slot) for e in range(D) for slot in (D + e, 2 * D + e)]
+            chains = []
+            for f in units:
+                ws = [w for e in range(D) for w in (ir.weight("%WK", D, e, f), ir.weight("%WV", D, e, f))]
+                chains.append((ws, xs, ir.mul(da, ir.weight("%wg", D, 0, f)) if gated else None))
+            for f, acc in zip(units, ir.dots(chains)):
+                ir.store(ir.add(ir.load(dzp, f), acc), dzp, f)
+
+        _units_loop(ir, "p2z", D, Z_UNITS, zbar)
+    ir.emit("br label %p2.latch")
+    ir.label("p2.latch")
     ir.emit("br label %p2")
     ir.label("p2.done")
     # W̄_i[e, f] = Σ_t ḡ_{i,t}[e] z_t[f], in tiles of rows whose accumulators are the token loop's phis, over
@@ -593,62 +664,61 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit(f"%wo = mul i64 %blk.i, {3 * DD}")
     wp = ir.gep("%dW", "%wo")
     rows = _tile_rows(D)
-    tiles = [(i, e0, min(D, e0 + rows)) for i in range(3) for e0 in range(0, D, rows)]
     if gated:
-        tiles.append((3, 0, 1))  # w̄_g = Σ_t ā_t z_t: one row, from DA
         ir.emit(f"%gwo = mul i64 %blk.i, {D}")
         gwp = ir.gep("%dlam", "%gwo")
-
-    def acc_slot(i, e, f):  # ACC's slot of W̄_i[e, f]'s accumulator (i = 3: w̄_g[f])
-        return 3 * DD + f if i == 3 else (i * D + e) * D + f
-
-    for i, e0, e1 in tiles:
-        for e in range(e0, e1):
-            for f in range(D):
-                ir.store(zero, "%ACC", acc_slot(i, e, f))
+    # ACC's slot of W̄_i[e, f]'s accumulator is ρ·D + f, ρ = i·D + e the row of ḡ_{i,t}[e] in the scratch G; w̄_g's
+    # (from DA's ā_t) follow at 3D² + f
+    for slot in range(3 * DD + (D if gated else 0)):
+        ir.store(zero, "%ACC", slot)
     ir.emit("br label %wc")
-    _loop_head(ir, "wc", "p2.done", f"w{len(tiles) - 1}.done", "0", W_CHUNK, "%T")
+    _loop_head(ir, "wc", "p2.done", "wc.latch", "0", W_CHUNK, "%T")
     ir.emit("%wc.f = icmp slt i64 %wc.n, %T")
     ir.emit("%wc.end = select i1 %wc.f, i64 %wc.n, i64 %T")
-    prev = "wc.body"
-    for n, (i, e0, e1) in enumerate(tiles):
-        name = f"w{n}"
-        start = [[ir.load("%ACC", acc_slot(i, e, f)) for f in range(D)] for e in range(e0, e1)]
+    count = itertools.count()
+
+    def tile(rhos, gate: bool = False):  # rows ρ (constants or values) over the chunk's tokens, a runtime loop
+        name = f"w{next(count)}"
+        prev = ir._block
+        slots = [[ir.affine(rho, D, f) for f in range(D)] for rho in rhos] if not gate else [
+            [3 * DD + f for f in range(D)]]
+        start = [[ir.load("%ACC", slot) for slot in row] for row in slots]
         ir.emit(f"br label %{name}")
         ir.label(name)
         ir.emit(f"%{name}.i = phi i64 [%wc.i, %{prev}], [%{name}.n, %{name}.body]")
-        acc = [[f"%A{n}_{r}_{f}" for f in range(D)] for r in range(e1 - e0)]
+        acc = [[f"%{name}.a{r}_{f}" for f in range(D)] for r in range(len(slots))]
         at = len(ir.lines)
         ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %wc.end")
         ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
         ir.label(f"{name}.body")
         ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
         zp, _, _, _, gp = token_pointers(name)
-        if i == 3:
-            g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)]
-        else:
-            g = [ir.load(gp, i * D + e) for e in range(e0, e1)]
+        g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)] if gate else [ir.load(gp, rho) for rho in rhos]
         new = []
-        for r in range(e1 - e0):
+        for r in range(len(slots)):
             zr = ir.opaque(zp)  # z_t re-read per row: memory operands, the registers left to the accumulators
             new.append([ir.fma(g[r], ir.load(zr, f), acc[r][f]) for f in range(D)])
         ir.emit(f"br label %{name}")
         ir.lines[at:at] = [f"  {acc[r][f]} = phi {V} [{start[r][f]}, %{prev}], [{new[r][f]}, %{name}.body]"
-                           for r in range(e1 - e0) for f in range(D)]
+                           for r in range(len(slots)) for f in range(D)]
         ir.label(f"{name}.done")
-        for r in range(e1 - e0):
-            for f in range(D):
-                ir.store(acc[r][f], "%ACC", acc_slot(i, e0 + r, f))
-        prev = f"{name}.done"
+        for r, row in enumerate(slots):
+            for f, slot in enumerate(row):
+                ir.store(acc[r][f], "%ACC", slot)
+
+    # the tiles of ρ = 0..3D-1 a runtime loop (as fast as 3D / rows unrolled copies, D = 11 and 16, in a slow hour;
+    # a fraction of the code to compile), then w̄_g's
+    _units_loop(ir, "wt", 3 * D, rows, tile)
+    if gated:
+        tile([None], gate=True)
+    ir.emit("br label %wc.latch")
+    ir.label("wc.latch")
     ir.emit("br label %wc")
     ir.label("wc.done")
-    for i, e0, e1 in tiles:
-        for e in range(e0, e1):
-            row = [ir.load("%ACC", acc_slot(i, e, f)) for f in range(D)]
-            if i == 3:
-                ir.lane_sums(row, gwp, 0)
-            else:
-                ir.lane_sums(row, wp, (i * D + e) * D)
+    for rho in range(3 * D):
+        ir.lane_sums([ir.load("%ACC", rho * D + f) for f in range(D)], wp, rho * D)
+    if gated:
+        ir.lane_sums([ir.load("%ACC", 3 * DD + f) for f in range(D)], gwp, 0)
     if grad_lam:
         ir.lane_sum("%gl", "%dlam", "%blk.i")
     elif not gated:  # (gated: %dlam is dwg, written by its tile above)
