@@ -97,6 +97,52 @@ def test_ir_backward_does_not_depend_on_the_thread_count(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
+    """The backward's rows loops over slices of ``STATE_COLUMNS`` columns (q̄, k̄ carried in registers; v̄ and λ̄'s
+    row sums continued slice after slice) and the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
+    after the loop) keep every chain's operands and order: one column and one output at a time, slices ending
+    mid-row and a single slice give the defaults' bits, for drift's layer (with and without z̄, λ̄) and gating's
+    gated layer (with and without z̄)."""
+    Z, dO, W = _operands(dtype, T=2 * _layer_ir.W_CHUNK + 3, seed=6)
+    wg = (0.3 * np.random.default_rng(7).standard_normal(D)).astype(dtype)
+    Zb, dOb = (_blocked.to_blocks(a) for a in (Z, dO))
+    nb = Zb.shape[0]
+    WT = [np.ascontiguousarray(w.T) for w in W]
+
+    def run():
+        out = []
+        for grad_z in (True, False):
+            for grad_lam in (True, False):
+                fwd, bwd = _layer_ir.layer_kernels(D, True, dtype, grad_z=grad_z, grad_lam=grad_lam)
+                Ob = np.empty_like(Zb)
+                native._run_blocks(fwd, nb, Zb, *W, dtype(0.9), Ob)
+                out += [Ob, *_backward(bwd, Zb, W, dtype(0.9), dOb)]
+            fwd, bwd = _layer_ir.gated_layer_kernels(D, dtype, grad_z=grad_z)
+            Ob, dZb = np.empty_like(Zb), np.zeros_like(Zb)
+            dW, dwg = np.empty((nb, 3, D, D), dtype), np.empty((nb, D), dtype)
+            fwd(Zb, *WT, wg, Ob, 0, nb)
+            bwd(Zb, *WT, wg, Ob, dOb, dZb, dW, dwg, 0, nb)
+            out += [Ob, dZb, dW, dwg]
+        return out
+
+    outs = []
+    for columns, units in ((None, None), (1, 1), (3, D), (D, 2)):
+        for name, value in (("STATE_COLUMNS", columns), ("Z_UNITS", units)):
+            if value is not None:
+                monkeypatch.setattr(_layer_ir, name, value)
+        _layer_ir.layer_kernels.cache_clear()
+        _layer_ir.gated_layer_kernels.cache_clear()
+        outs.append(run())
+    monkeypatch.undo()
+    _layer_ir.layer_kernels.cache_clear()
+    _layer_ir.gated_layer_kernels.cache_clear()
+    assert np.all(np.isfinite(outs[0][-2])) and np.any(outs[0][-2] != 0.0)  # (the unwritten z̄ stay NaN)
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_ir_kernels_reject_operands_of_another_dtype_or_shape():
     Z, dO, W = _operands(np.float32, B=native.LANES, T=3)
     Zb = native._to_blocks(Z)

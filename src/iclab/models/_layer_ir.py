@@ -280,6 +280,18 @@ def acc_vectors(D: int) -> int:
 Z_UNITS = 4
 
 
+#: Columns of S_t (E_t) a rows loop of the backward's passes updates, its q̄_t (k̄_t) entries carried in registers:
+#: all D carried spilled on this AVX2 machine (16 registers of 8 float32; a LANES vector of 16 takes two). In a
+#: slow hour (one thread, 16 blocks, T = 103 / 101, alternated in one process) the gated backward took 4.8-5.1 ms
+#: with 2 columns, 4.9-5.0 with 3, 5.0-5.4 with 4, 5.4-5.8 with all 16 (D = 16); 2.2 against 2.6-2.7 ms (D = 11).
+STATE_COLUMNS = 2
+
+
+def _slices(D: int) -> list[tuple[int, int]]:
+    """The column slices [j0, j1) of the backward's rows loops (``STATE_COLUMNS`` wide, the last narrower)."""
+    return [(j0, min(D, j0 + STATE_COLUMNS)) for j0 in range(0, D, STATE_COLUMNS)]
+
+
 #: Vectors per token of the gated backward's scratch DA: ā_t, and g_t, 1 − g_t from pass 1 for pass 2.
 DA_SLOTS = 3
 
@@ -547,23 +559,24 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         decay = lam
     _projections(ir, "p1j", zp, sp, D)
 
-    # S_t's rows one loop iteration each (_rows_loop): k_t, v_t[e], ō_t[e] read from memory, q̄ in the phis
-    def row(e, dq):
-        ir.emit(f"%p1r.so = mul i64 {e}, {D * LANES}")
-        ir.emit(f"%p1r.vo = mul i64 {e}, {LANES}")
-        kv = ir.opaque(sp)  # not the registers the projections left: they would crowd q̄ out
-        Sr = ir.gep("%ACC", "%p1r.so")
-        ve, doe = ir.load(ir.gep(kv, "%p1r.vo"), 2 * D), ir.load(ir.gep(dop, "%p1r.vo"), 0)
-        dq = list(dq)
-        for j in range(D):
-            s = ir.fma(ve, ir.load(kv, D + j), ir.mul(decay, ir.load(Sr, j)))
-            ir.store(s, Sr, j)
-            dq[j] = ir.fma(s, doe, dq[j])
-        return dq
+    # S_t's rows one loop iteration each (_rows_loop), over one slice of STATE_COLUMNS columns j at a time: k_t,
+    # v_t[e], ō_t[e] read from memory, the slice's q̄_t[j] in the phis, stored after it
+    for j0, j1 in _slices(D):
+        def row(e, dq, j0=j0, j1=j1):
+            so, vo = ir.affine(e, D * LANES), ir.affine(e, LANES)
+            kv = ir.opaque(sp)  # not the registers the projections left: they would crowd q̄ out
+            Sr = ir.gep("%ACC", so)
+            ve, doe = ir.load(ir.gep(kv, vo), 2 * D), ir.load(ir.gep(dop, vo), 0)
+            dq = list(dq)
+            for n, j in enumerate(range(j0, j1)):
+                s = ir.fma(ve, ir.load(kv, D + j), ir.mul(decay, ir.load(Sr, j)))
+                ir.store(s, Sr, j)
+                dq[n] = ir.fma(s, doe, dq[n])
+            return dq
 
-    dq = _rows_loop(ir, "p1r", ir._block, D, [zero] * D, row)
-    for e in range(D):
-        ir.store(dq[e], gp, e)
+        dq = _rows_loop(ir, f"p1r{j0}", ir._block, D, [zero] * (j1 - j0), row)
+        for n, j in enumerate(range(j0, j1)):
+            ir.store(dq[n], gp, j)
     if grad_z:  # z̄_t[f] = [ō_t[f] +] Σ_e W_Q[e, f] q̄_t[e], Z_UNITS f a loop iteration, q̄_t read from memory
 
         def zbar(units):
@@ -599,41 +612,54 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
     do = [ir.load(dop, f) for f in range(D)]
 
-    # E_t's rows one loop iteration each: k̄ (and λ̄'s sum) in the phis, v̄_t[e] stored per row
-    def row(e, carried):
-        ir.emit(f"%p2r.so = mul i64 {e}, {D * LANES}")
-        ir.emit(f"%p2r.vo = mul i64 {e}, {LANES}")
-        ir.emit(f"%p2r.xo = add i64 %p2r.so, {DD * LANES}")
-        rp = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
-        q = [ir.load(rp, j) for j in range(D)]
-        k = [ir.load(rp, D + j) for j in range(D)]
-        ve, doe = ir.load(ir.gep(rp, "%p2r.vo"), 2 * D), ir.load(ir.gep(dop, "%p2r.vo"), 0)
-        Er = ir.gep("%ACC", "%p2r.so")
-        old = [ir.load(Er, j) for j in range(D)]
-        dk, gl = list(carried[:D]), carried[D] if grad_lam else None
-        if grad_lam:
-            Xr, x = ir.gep("%ACC", "%p2r.xo"), []
-            for j in range(D):
-                x.append(ir.fma(lam, ir.load(Xr, j), old[j]))
-                ir.store(x[-1], Xr, j)
-            gl = ir.fma(ve, ir.dot(x, k), gl)
-        new = []
-        for j in range(D):
-            new.append(ir.fma(doe, q[j], ir.mul(decay, old[j])))
-            ir.store(new[-1], Er, j)
-            dk[j] = ir.fma(new[-1], ve, dk[j])
-        ir.store(ir.dot(new, k), ir.gep(gp, "%p2r.vo"), 2 * D)  # v̄_t[e]
-        return dk + ([gl] if grad_lam else [])
+    # E_t's rows one loop iteration each, over one slice of STATE_COLUMNS columns j at a time: the slice's k̄_t[j]
+    # in the phis (stored after it), v̄_t[e] = Σ_j E_t[e, j] k_t[j] (and λ̄'s row sum Σ_j X_t[e, j] k_t[j], in ACC's
+    # slots 2D² + e) continued slice after slice in memory, λ̄'s sum over rows in the last slice's phis
+    slices = _slices(D)
+    for j0, j1 in slices:
+        last = j1 == D
 
-    out = _rows_loop(ir, "p2r", ir._block, D, [zero] * D + (["%gl"] if grad_lam else []), row)
-    dk, gl = out[:D], (out[D] if grad_lam else None)
+        def row(e, carried, j0=j0, j1=j1, last=last):
+            so, vo = ir.affine(e, D * LANES), ir.affine(e, LANES)
+            rp = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
+            q = [ir.load(rp, j) for j in range(j0, j1)]
+            k = [ir.load(rp, D + j) for j in range(j0, j1)]
+            ve, doe = ir.load(ir.gep(rp, vo), 2 * D), ir.load(ir.gep(dop, vo), 0)
+            Er = ir.gep("%ACC", so)
+            old = [ir.load(Er, j) for j in range(j0, j1)]
+            dk = list(carried[:j1 - j0])
+            out = []
+            if grad_lam:
+                Xr, x = ir.gep("%ACC", ir.affine(e, D * LANES, DD * LANES)), []
+                for n, j in enumerate(range(j0, j1)):
+                    x.append(ir.fma(lam, ir.load(Xr, j), old[n]))
+                    ir.store(x[-1], Xr, j)
+                xk = ir.dot(x, k, None if j0 == 0 else ir.load("%ACC", ir.affine(e, 1, 2 * DD)))
+                if last:
+                    out = [ir.fma(ve, xk, carried[-1])]
+                else:
+                    ir.store(xk, "%ACC", ir.affine(e, 1, 2 * DD))
+            new = []
+            for n, j in enumerate(range(j0, j1)):
+                new.append(ir.fma(doe, q[n], ir.mul(decay, old[n])))
+                ir.store(new[-1], Er, j)
+                dk[n] = ir.fma(new[-1], ve, dk[n])
+            vp = ir.gep(gp, vo)
+            ir.store(ir.dot(new, k, None if j0 == 0 else ir.load(vp, 2 * D)), vp, 2 * D)  # v̄_t[e], so far
+            return dk + out
+
+        init = [zero] * (j1 - j0) + (["%gl"] if grad_lam and last else [])
+        out = _rows_loop(ir, f"p2r{j0}", ir._block, D, init, row)
+        for n, j in enumerate(range(j0, j1)):
+            ir.store(out[n], gp, D + j)
+    gl = out[-1] if grad_lam else None
+    gk = ir.opaque(gp)
+    dk = [ir.load(gk, D + e) for e in range(D)]
     if grad_lam:
         ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %{p2latch}]")
     if gated:
         ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %p1.done], [{gt}, %{p2latch}]",
                            f"  %R = phi {V} [{zero}, %p1.done], [%R.n, %{p2latch}]"]
-    for e in range(D):
-        ir.store(dk[e], gp, D + e)
     if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t
         op = ir.gep("%O", "%p2.toff")
         oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
