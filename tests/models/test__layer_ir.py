@@ -100,10 +100,11 @@ def test_ir_backward_does_not_depend_on_the_thread_count(monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
     """The backward's rows loops over slices of ``STATE_COLUMNS`` columns (q̄, k̄ carried in registers; v̄ and λ̄'s
-    row sums continued slice after slice) and the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
-    after the loop) keep every chain's operands and order: one column and one output at a time, slices ending
-    mid-row and a single slice give the defaults' bits, for drift's layer (with and without z̄, λ̄) and gating's
-    gated layer (with and without z̄)."""
+    row sums continued slice after slice), the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
+    after the loop) and the weight-gradient tiles of ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and
+    order: one column, output and accumulator at a time, slices and tiles ending mid-row and single slices and
+    tiles give the defaults' bits, for drift's layer (with and without z̄, λ̄) and gating's gated layer (with and
+    without z̄)."""
     Z, dO, W = _operands(dtype, T=2 * _layer_ir.W_CHUNK + 3, seed=6)
     wg = (0.3 * np.random.default_rng(7).standard_normal(D)).astype(dtype)
     Zb, dOb = (_blocked.to_blocks(a) for a in (Z, dO))
@@ -127,10 +128,11 @@ def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
         return out
 
     outs = []
-    for columns, units in ((None, None), (1, 1), (3, D), (D, 2)):
-        for name, value in (("STATE_COLUMNS", columns), ("Z_UNITS", units)):
-            if value is not None:
-                monkeypatch.setattr(_layer_ir, name, value)
+    for shape in ({}, dict(STATE_COLUMNS=1, Z_UNITS=1, W_ROWS=1, W_COLUMNS=1),
+                  dict(STATE_COLUMNS=3, Z_UNITS=D, W_ROWS=2, W_COLUMNS=2), dict(STATE_COLUMNS=D, Z_UNITS=2, W_ROWS=3 * D,
+                                                                               W_COLUMNS=D)):
+        for name, value in shape.items():
+            monkeypatch.setattr(_layer_ir, name, value)
         _layer_ir.layer_kernels.cache_clear()
         _layer_ir.gated_layer_kernels.cache_clear()
         outs.append(run())

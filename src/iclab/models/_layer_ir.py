@@ -296,9 +296,13 @@ def _slices(D: int) -> list[tuple[int, int]]:
 DA_SLOTS = 3
 
 
-def _tile_rows(D: int) -> int:
-    """Rows of a weight-gradient tile: 2 while their 2D accumulators and two operands fit 32 vector registers."""
-    return 2 if 2 * D + 2 <= 32 else 1
+#: A weight-gradient tile of ``backward_ir``'s sums W̄_i[e, f] = Σ_t ḡ_{i,t}[e] z_t[f]: W_ROWS rows e × W_COLUMNS
+#: columns f, their accumulators in registers over a chunk's tokens. On this AVX2 machine (16 registers of 8 float32,
+#: two per LANES vector) 1 × 6 took the gated backward 4.0-4.1 ms against 4.7-4.9 with 2 × 16 (whose 32 accumulators
+#: spilled), 4.0-4.1 with 2 × 3, 4.3-4.4 with 1 × 8 (D = 16, T = 103, 16 blocks, one thread, a slow hour,
+#: alternated in one process; 2.0-2.1 against 2.3 ms at D = 11).
+W_ROWS = 1
+W_COLUMNS = 6
 
 
 def _gates(ir: _Builder, z, D: int, inline: bool | None = None):
@@ -689,7 +693,6 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     # L2), the accumulators kept in ACC between chunks (the same FMAs in the same order: the same bits)
     ir.emit(f"%wo = mul i64 %blk.i, {3 * DD}")
     wp = ir.gep("%dW", "%wo")
-    rows = _tile_rows(D)
     if gated:
         ir.emit(f"%gwo = mul i64 %blk.i, {D}")
         gwp = ir.gep("%dlam", "%gwo")
@@ -704,37 +707,39 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     count = itertools.count()
 
     def tile(rhos, gate: bool = False):  # rows ρ (constants or values) over the chunk's tokens, a runtime loop
-        name = f"w{next(count)}"
-        prev = ir._block
-        slots = [[ir.affine(rho, D, f) for f in range(D)] for rho in rhos] if not gate else [
-            [3 * DD + f for f in range(D)]]
-        start = [[ir.load("%ACC", slot) for slot in row] for row in slots]
-        ir.emit(f"br label %{name}")
-        ir.label(name)
-        ir.emit(f"%{name}.i = phi i64 [%wc.i, %{prev}], [%{name}.n, %{name}.body]")
-        acc = [[f"%{name}.a{r}_{f}" for f in range(D)] for r in range(len(slots))]
-        at = len(ir.lines)
-        ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %wc.end")
-        ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
-        ir.label(f"{name}.body")
-        ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
-        zp, _, _, _, gp = token_pointers(name)
-        g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)] if gate else [ir.load(gp, rho) for rho in rhos]
-        new = []
-        for r in range(len(slots)):
-            zr = ir.opaque(zp)  # z_t re-read per row: memory operands, the registers left to the accumulators
-            new.append([ir.fma(g[r], ir.load(zr, f), acc[r][f]) for f in range(D)])
-        ir.emit(f"br label %{name}")
-        ir.lines[at:at] = [f"  {acc[r][f]} = phi {V} [{start[r][f]}, %{prev}], [{new[r][f]}, %{name}.body]"
-                           for r in range(len(slots)) for f in range(D)]
-        ir.label(f"{name}.done")
-        for r, row in enumerate(slots):
-            for f, slot in enumerate(row):
-                ir.store(acc[r][f], "%ACC", slot)
+        for f0 in range(0, D, W_COLUMNS):  # each slice of columns a token loop of its own
+            cols = range(f0, min(D, f0 + W_COLUMNS))
+            name = f"w{next(count)}"
+            prev = ir._block
+            slots = [[ir.affine(rho, D, f) for f in cols] for rho in rhos] if not gate else [
+                [3 * DD + f for f in cols]]
+            start = [[ir.load("%ACC", slot) for slot in row] for row in slots]
+            ir.emit(f"br label %{name}")
+            ir.label(name)
+            ir.emit(f"%{name}.i = phi i64 [%wc.i, %{prev}], [%{name}.n, %{name}.body]")
+            acc = [[f"%{name}.a{r}_{f}" for f in cols] for r in range(len(slots))]
+            at = len(ir.lines)
+            ir.emit(f"%{name}.c = icmp slt i64 %{name}.i, %wc.end")
+            ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
+            ir.label(f"{name}.body")
+            ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
+            zp, _, _, _, gp = token_pointers(name)
+            g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)] if gate else [ir.load(gp, rho) for rho in rhos]
+            new = []
+            for r in range(len(slots)):
+                zr = ir.opaque(zp)  # z_t re-read per row: memory operands, the registers left to the accumulators
+                new.append([ir.fma(g[r], ir.load(zr, f), acc[r][n]) for n, f in enumerate(cols)])
+            ir.emit(f"br label %{name}")
+            ir.lines[at:at] = [f"  {acc[r][n]} = phi {V} [{start[r][n]}, %{prev}], [{new[r][n]}, %{name}.body]"
+                               for r in range(len(slots)) for n in range(len(cols))]
+            ir.label(f"{name}.done")
+            for r, row in enumerate(slots):
+                for n, slot in enumerate(row):
+                    ir.store(acc[r][n], "%ACC", slot)
 
-    # the tiles of ρ = 0..3D-1 a runtime loop (as fast as 3D / rows unrolled copies, D = 11 and 16, in a slow hour;
-    # a fraction of the code to compile), then w̄_g's
-    _units_loop(ir, "wt", 3 * D, rows, tile)
+    # the tiles of ρ = 0..3D-1 a runtime loop (as fast as the unrolled copies, D = 11 and 16, in a slow hour; a
+    # fraction of the code to compile), then w̄_g's
+    _units_loop(ir, "wt", 3 * D, W_ROWS, tile)
     if gated:
         tile([None], gate=True)
     ir.emit("br label %wc.latch")
