@@ -24,9 +24,14 @@ order; drift's forward and pass 1 give the same bits):
   token loop's phis), LLVM moved every row's state update ahead of the sums that read it and spilled the state
   to the stack (the forward took 1.1-1.3× and the backward 1.2× the time at D = 16, 1.4× and 1.1× at D = 11);
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
-  v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of rows × D accumulators, over chunks
-  of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's z_t per tile came from L2:
-  the sums took 1.7× the time, D = 16, T = 103, one thread);
+  v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of ``W_ROWS`` × ``W_COLUMNS``
+  accumulators, over chunks of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's
+  z_t per tile came from L2: the sums took 1.7× the time, D = 16, T = 103, one thread);
+- the code is loops, not straight lines: the projections q_t, k_t, v_t, the token cotangent z̄_t and the
+  weight-gradient tiles are runtime loops over their outputs (``_units_loop``), each output's chain a loop over
+  its terms (``_inner_chains``), and the backward's passes update S_t (E_t) ``STATE_COLUMNS`` columns at a time,
+  so that the q̄_t (k̄_t) they carry stay in registers (all D spilled: this VM's CPU has AVX2's 16 registers of
+  8 float32, and a LANES vector of 16 takes two);
 - every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): the
   gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives;
 - the scalar gates' exponential is glibc's ``expf`` computed inline (``_expf_glibc``, equal to it on every
@@ -40,6 +45,17 @@ aligned operands; 15 calls of each version alternated in one process, the fastes
 (forward) and from 3.4-3.8 to 2.3-2.4 ms (backward), drift's (D = 11) from 0.43 to 0.31 ms and from 1.88 to
 1.16 ms. In float64 (16 doubles are two registers) the numba kernels stay the models' (the IR ones were no
 faster there before these changes; not measured since).
+
+On 29 Nov 2026 (05:30-06:40, a slow hour of this VM's host) the same kernels ran at a third of those speeds (the
+gated forward 2.9-3.1 ms, 22-24 GFLOP/s on one thread) while a loop of 6 FMA chains ran at 100 GFLOP/s; the same
+FMAs unrolled 64-1024 steps a loop ran at 35-55. In that state the host runs long straight-line code slowly (the
+mechanism is not visible here: no hardware counters), so the kernels' hot code became loops (above) and their
+register tiles were sized for AVX2. Every chain keeps its operands and its order: the same bits, tested against
+the loops' other shapes (``test_loop_shapes_of_the_layer_kernels_change_no_bit``) and, by hand, against the
+kernels before at D = 5, 6, 11, 16 in float32 and float64. One thread, 16 blocks, the kernels before and after
+alternated in one process at 06:42 (the fastest of 7 calls, the fastest of 3 rounds): gating's layer (D = 16,
+T = 103) forward 2.92 → 1.21 ms, backward with z̄ 8.36 → 4.18 ms, without 6.76 → 4.19 ms; drift's layer
+(D = 11, T = 101) forward 1.07 → 0.52 ms, backward with z̄ and λ̄ 4.02 → 1.84 ms.
 """
 
 from __future__ import annotations
