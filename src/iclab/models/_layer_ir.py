@@ -403,7 +403,7 @@ def _units_loop(ir: _Builder, name: str, n: int, per: int, body) -> None:
 
     Why loops: on this VM's host in its slow hours, straight-line code beyond a few hundred instructions ran at
     a fraction of the rate of the same FMAs in a small loop (6 chains of FMAs with memory operands, one thread,
-    one minute apart: 93 GFLOP/s unrolled 4 steps a loop, 55 at 64, 35-49 at 256-1024), while a tight FMA loop
+    two rounds: 72-93 GFLOP/s unrolled 4 steps a loop, 34-55 at 64, 32-49 at 256-1024), while a tight FMA loop
     and a matmul kept their speed; the layers' projections, unrolled (3D² FMAs), took 2.4× the time of the same
     FMAs looped over the rows (D = 16, T = 103, 16 blocks, one thread; the same bits)."""
     full = n - n % per
@@ -426,11 +426,11 @@ def _projections(ir: _Builder, name: str, zp: str, out: str, D: int) -> None:
     an inner loop (``_inner_chains``), z_t[f] read from zp."""
 
     def rows(units):
-        ws = [(e, W) for e in units for W in ("%WQ", "%WK", "%WV")]
+        ws = [(e, i, W) for e in units for i, W in enumerate(("%WQ", "%WK", "%WV"))]
         res = _inner_chains(ir, f"{name}.f", D, [None] * len(ws),
-                            lambda f: [[(ir.weight(W, D, e, f), ir.load(ir.opaque(zp), f))] for e, W in ws])
-        for (e, W), x in zip(ws, res):
-            ir.store(x, out, ir.affine(e, 1, ("%WQ", "%WK", "%WV").index(W) * D))
+                            lambda f: [[(ir.weight(W, D, e, f), ir.load(ir.opaque(zp), f))] for e, _, W in ws])
+        for (e, i, _), x in zip(ws, res):
+            ir.store(x, out, ir.affine(e, 1, i * D))
 
     _units_loop(ir, name, D, 1, rows)
 
