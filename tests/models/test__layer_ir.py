@@ -101,7 +101,7 @@ def test_ir_backward_does_not_depend_on_the_thread_count(monkeypatch):
 def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
     """The backward's rows loops over slices of ``STATE_COLUMNS`` columns (q̄, k̄ carried in registers; v̄ and λ̄'s
     row sums continued slice after slice), the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
-    after the loop) and the weight-gradient tiles of ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and
+    after the loop), the projections' ``PROJECTION_ROWS`` rows an iteration and the weight-gradient tiles of ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and
     order: one column, output and accumulator at a time, slices and tiles ending mid-row and single slices and
     tiles give the defaults' bits, for drift's layer (with and without z̄, λ̄) and gating's gated layer (with and
     without z̄)."""
@@ -128,9 +128,9 @@ def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
         return out
 
     outs = []
-    for shape in ({}, dict(STATE_COLUMNS=1, Z_UNITS=1, W_ROWS=1, W_COLUMNS=1),
-                  dict(STATE_COLUMNS=3, Z_UNITS=D, W_ROWS=2, W_COLUMNS=2), dict(STATE_COLUMNS=D, Z_UNITS=2, W_ROWS=3 * D,
-                                                                               W_COLUMNS=D)):
+    for shape in ({}, dict(STATE_COLUMNS=1, Z_UNITS=1, W_ROWS=1, W_COLUMNS=1, PROJECTION_ROWS=1),
+                  dict(STATE_COLUMNS=3, Z_UNITS=D, W_ROWS=2, W_COLUMNS=2, PROJECTION_ROWS=3),
+                  dict(STATE_COLUMNS=D, Z_UNITS=2, W_ROWS=3 * D, W_COLUMNS=D, PROJECTION_ROWS=D)):
         for name, value in shape.items():
             monkeypatch.setattr(_layer_ir, name, value)
         _layer_ir.layer_kernels.cache_clear()
