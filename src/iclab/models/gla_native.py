@@ -1064,8 +1064,12 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
 #: member's kernels); False: by ``_multilayer_member``'s Python, its naive twin (the same bits; tested).
 GRID_DRIVER = True
 
-#: Members a thread claims at a time from the grid's queue (the driver's calls cost ≈ 10-20 µs of Python each).
+#: Members a thread claims at a time from the grid's queue: at least DRIVER_CHUNK, and a 1/(DRIVER_GUIDE · threads)
+#: share of those left (guided scheduling: long claims while many are left, short ones at the end, where the
+#: threads must finish together). Each driver call costs ≈ 30-60 µs of Python (numba types the six kernel
+#: arguments at every call).
 DRIVER_CHUNK = 2
+DRIVER_GUIDE = 4
 
 
 def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, out, threads: int) -> None:
@@ -1118,10 +1122,11 @@ def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, 
         while True:
             with lock:
                 i = claimed[0]
-                claimed[0] = min(i + chunk, len(members))
+                stop = min(i + max(chunk, (len(members) - i) // (DRIVER_GUIDE * threads)), len(members))
+                claimed[0] = stop
             if i >= len(members):
                 return
-            _grid_driver.run_members(members, i, min(i + chunk, len(members)), **kw)
+            _grid_driver.run_members(members, i, stop, **kw)
 
     run_split(worker, threads, threads=threads)
     loss[...] = loss_parts.sum(axis=-1)  # blocks pairwise, as each member's lo.sum()
