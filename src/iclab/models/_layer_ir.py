@@ -35,7 +35,8 @@ order; drift's forward and pass 1 give the same bits):
 - every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): the
   gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives;
 - the scalar gates' exponential is glibc's ``expf`` computed inline (``_expf_glibc``, equal to it on every
-  float32 it is given) in the forward and the query read-outs, not 16 calls per vector;
+  float32 it is given) in the forward, the backward's first pass and the query read-outs, not 16 calls per
+  vector;
 - the weight gradients' sums over the lanes (≈ 3D² per block) are transposed and added 16 at a time
   (``_Builder.lane_sums``), in the order of the lane-by-lane sums;
 - a first layer (and a one-layer read-out) may read its tokens at positions P of a longer blocked prompt
@@ -337,7 +338,7 @@ W_ROWS = 1
 W_COLUMNS = 6
 
 
-def _gates(ir: _Builder, z, D: int, inline: bool | None = None):
+def _gates(ir: _Builder, z, D: int):
     """(g, 1 − g) = (φ(a), φ(−a)) of a = w_gᵀ z, as the numba kernels compute them (from x = e^{−|a|}: no
     overflow): g = 1/(1 + x) where a ≥ 0, else x/(1 + x)."""
     V, sfx = ir.V, ir.suffix
@@ -345,7 +346,7 @@ def _gates(ir: _Builder, z, D: int, inline: bool | None = None):
     r = [ir.tmp() for _ in range(8)]
     ir.emit(f"{r[0]} = call {V} @llvm.fabs.v{LANES}{sfx}({V} {a})")
     ir.emit(f"{r[1]} = fneg {V} {r[0]}")
-    if ir.ty == "float" and (INLINE_EXPF if inline is None else inline):  # glibc's expf inline: no 16 calls
+    if ir.ty == "float" and INLINE_EXPF:  # glibc's expf inline: no 16 calls
         r[2] = _expf_glibc(ir, r[1])
     else:
         ir.emit(f"{r[2]} = call {V} @llvm.exp.v{LANES}{sfx}({V} {r[1]})")
@@ -361,8 +362,9 @@ def _gates(ir: _Builder, z, D: int, inline: bool | None = None):
 
 
 #: Whether the float32 kernels' scalar gates compute glibc's expf inline (:func:`_expf_glibc`; the same bits) or
-#: call it per lane (``llvm.exp``): the forward and the query read-outs inline, the backward's first pass calls it
-#: (inline there took 3-4 % longer, D = 16, T = 103, one thread, alternated with the calls).
+#: call it per lane (``llvm.exp``). The backward's first pass called it until 29 Nov 2026 (inline there took 3-4 %
+#: longer on 28 Nov); with the projections' loops of 29 Nov inline took 1 % less (D = 16, T = 103, one thread,
+#: alternated: 3.27-3.51 against 3.34-3.57 ms).
 INLINE_EXPF = True
 
 
@@ -619,7 +621,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     z = [ir.load(zp, f) for f in range(D)]
     do = [ir.load(dop, f) for f in range(D)]
     if gated:  # g_t and 1 − g_t kept for pass 2
-        decay, sm = _gates(ir, z, D, inline=False)
+        decay, sm = _gates(ir, z, D)
         ir.store(decay, ir.gep("%DA", "%p1.off"), 1)
         ir.store(sm, ir.gep("%DA", "%p1.off"), 2)
     else:
