@@ -57,6 +57,21 @@ kernels before at D = 5, 6, 11, 16 in float32 and float64. One thread, 16 blocks
 alternated in one process at 06:42 (the fastest of 7 calls, the fastest of 3 rounds): gating's layer (D = 16,
 T = 103) forward 2.92 → 1.21 ms, backward with z̄ 8.36 → 4.18 ms, without 6.76 → 4.19 ms; drift's layer
 (D = 11, T = 101) forward 1.07 → 0.52 ms, backward with z̄ and λ̄ 4.02 → 1.84 ms.
+
+Later on 29 Nov a profile of gating.fig2's step (perf, the kernels' machine code dumped beside it) showed the
+projections' inner loop waiting on its 6 FMA chains' latency and issuing 6 instructions a cycle, this Zen 3
+host's dispatch width (a register move for each opaque operand), and the gated backward's pass 2 waiting on
+its first load of O_t (≈ 5 % of its samples). Since then the projections read the weights and z_t directly, two
+rows an iteration (``PROJECTION_ROWS``: 12 chains), pass 2 prefetches O_{t-1}, and pass 1 computes its expf
+inline; the same bits (tested against the loops' other shapes; by hand against the kernels before at D = 5, 6,
+11, 16 in both dtypes). One thread, 16 blocks, alternated in one process (three rounds, 09:37): gating's layer
+(D = 16, T = 103) forward 1.20-1.24 → 1.01-1.03 ms, backward with z̄ 3.74-4.07 → 3.42-3.56 ms, without it
+3.26-3.46 → 2.75-3.01 ms; drift's layer (D = 11, T = 101) forward 0.52-0.54 → 0.43-0.44 ms, backward with z̄ and λ̄
+1.85-2.14 → 1.76-1.84 ms. Tried and dropped: two rows of S_t an iteration in the forward (no faster; four: 1.5×
+slower), the weights read directly in z̄_t's loops (no faster), prefetching every stream of pass 2 (no faster
+than O alone), 8-lane blocks (``_blocked.LANES`` = 8: the forward 1.25×, the backward 1.1-1.3× slower)
+and, as an upper bound, the forward and backward without the decay's multiply (the forward 11 % faster, the
+backward no faster).
 """
 
 from __future__ import annotations
