@@ -101,10 +101,10 @@ def test_ir_backward_does_not_depend_on_the_thread_count(monkeypatch):
 def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
     """The backward's rows loops over slices of ``STATE_COLUMNS`` columns (q̄, k̄ carried in registers; v̄ and λ̄'s
     row sums continued slice after slice), the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
-    after the loop), the projections' ``PROJECTION_ROWS`` rows an iteration and the weight-gradient tiles of ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and
-    order: one column, output and accumulator at a time, slices and tiles ending mid-row and single slices and
-    tiles give the defaults' bits, for drift's layer (with and without z̄, λ̄) and gating's gated layer (with and
-    without z̄)."""
+    after the loop), the projections' ``PROJECTION_ROWS`` rows an iteration and the weight-gradient tiles of
+    ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and order: one column, output and accumulator at a
+    time, slices and tiles ending mid-row and single slices and tiles give the defaults' bits, for drift's layer
+    (with and without z̄, λ̄) and gating's gated layer (with and without z̄)."""
     Z, dO, W = _operands(dtype, T=2 * _layer_ir.W_CHUNK + 3, seed=6)
     wg = (0.3 * np.random.default_rng(7).standard_normal(D)).astype(dtype)
     Zb, dOb = (_blocked.to_blocks(a) for a in (Z, dO))
