@@ -298,6 +298,44 @@ def test_gathered_kernels_equal_the_kernels_on_a_copy_of_the_positions(dtype, T)
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kept_projections_change_no_bit(dtype):
+    """The gated layer's forward writing q_t, k_t, v_t to R and its backward reading them there (``kept``, the grid
+    driver's kernels) give the bits of the kernels that compute them again in the backward: outputs, z̄ (or none),
+    W̄_q, W̄_k, W̄_v, w̄_g, for tokens in place and gathered at positions; and R holds W z_t."""
+    T = 2 * _layer_ir.W_CHUNK + 3
+    rng = np.random.default_rng(11)
+    Z, dO, W, wg = _gated_case(dtype, T=2 * T + 1, seed=11)
+    P = np.append(np.sort(rng.choice(2 * T, size=T - 1, replace=False)), 2 * T).astype(np.int64)
+    Zfull = _blocked.to_blocks(Z)
+    nb = Zfull.shape[0]
+    WT = [np.ascontiguousarray(w.T) for w in W]
+    for grad_z, gathered in ((True, False), (False, False), (False, True)):
+        Zin = Zfull if not gathered else _blocked.to_blocks(Z, positions=P)
+        src = (Zfull, P) if gathered else (Zfull,)
+        Tl = Zin.shape[1]
+        dOb = _blocked.to_blocks(dO[:, :Tl])
+        got = {}
+        for kept in (False, True):
+            fwd, bwd = _layer_ir.gated_layer_kernels(DG, dtype, grad_z=grad_z, gathered=gathered, kept=kept)
+            R = (np.full((nb, Tl, 3, DG, native.LANES), np.nan, dtype),) if kept else ()
+            Ob = np.full_like(Zin, np.nan)
+            gla_native._run_jobs(fwd, nb, *src, *WT, wg, Ob, *R)
+            dZb = np.full_like(Zin, np.nan) if grad_z else Zin[:0]
+            dW, dwg = np.full((nb, 3, DG, DG), np.nan, dtype), np.full((nb, DG), np.nan, dtype)
+            gla_native._run_jobs(bwd, nb, *src, *WT, wg, Ob, *R, dOb, dZb, dW, dwg)
+            got[kept] = [Ob, dZb, dW, dwg]
+            if kept:  # R[blk, t, i, :, lane] = z_t W_i of the lane's prompt (the model's row convention)
+                z = np.moveaxis(Zin, -1, 1)  # (blocks, LANES, T, D)
+                for i in range(3):
+                    ref = np.moveaxis(z @ W[i], 1, -1)
+                    np.testing.assert_allclose(R[0][:, :, i], ref, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                               atol=1e-5 if dtype == np.float32 else 1e-12)
+        for a, b in zip(got[False], got[True]):
+            assert not np.isnan(a).any()
+            np.testing.assert_array_equal(a, b)
+
+
 def test_gathered_kernels_refuse_bad_positions():
     Z, _, W, wg = _gated_case(np.float64, T=6)
     Zb = _blocked.to_blocks(Z)

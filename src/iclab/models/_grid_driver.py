@@ -8,7 +8,10 @@ Per member (s, m, g) of the grid, with T its prompt length and the L − 1 full 
               token cotangents X̄_{L−2} below it;
     backward: layer l = L − 2, …, 0 from (its input, X_l, X̄_l): its per-block weight gradients and X̄_{l−1};
 
-then the per-block partial sums added over the blocks in order. These are the kernels and the sums of
+then the per-block partial sums added over the blocks in order. The full layers run as their ``kept`` kernels
+(``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t in R[l] for its backward, which does not
+compute them again (the same bits; gating's layer at D = 16, T = 103, 16 blocks, one thread: the backward
+3.2-3.3 → 2.9-3.0 ms with z̄, 2.7 → 2.3 ms without, the forward 1.00 → 1.06-1.11 ms for the stores). These are the kernels and the sums of
 ``gla_native._multilayer_member``'s IR path, the naive twin this loop is tested against bit for bit; what
 differs is only who calls them. gating.fig2's step calls ≈ 1500 kernels on 300 models, and between them the
 Python of the member (operand checks, allocations, slicing, numpy's small sums; ≈ 0.08-0.10 s a step) held the
@@ -35,7 +38,7 @@ __all__ = ["run_members"]
 
 _SOURCE = '''
 def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, lengths, positions, pair_of, Zp, Yb,
-          WQt, WKt, WVt, Wq, Wk, U, Wg, label, inv_b, two_b, X, dZa, dZb, lo, gq, gk, gv, gg, dW, dwg, QKV, GS, DA,
+          WQt, WKt, WVt, Wq, Wk, U, Wg, label, inv_b, two_b, X, dZa, dZb, lo, gq, gk, gv, gg, dW, dwg, R, GS, DA,
           ACC, SC, loss_parts, oq, ok, ov, og):
     nb = Zp.shape[1]
     TZ = Zp.shape[2]
@@ -52,13 +55,15 @@ def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, length
         Zin = Zp[pair_of[s, rows[m] % RZ]]
         P = positions[g].ctypes.data
         size = nb * T * D * LN
-        for l in range(L - 1):  # the full layers, each writing X[l] (its T tokens, blocked)
+        for l in range(L - 1):  # the full layers, each writing X[l] (its T tokens, blocked) and R[l] (q, k, v)
             if l == 0:
                 fwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
-                      WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, X[0].ctypes.data, T, 0, nb, P, TZ)
+                      WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, X[0].ctypes.data, R[0].ctypes.data,
+                      T, 0, nb, P, TZ)
             else:
                 fwd(X[l - 1].ctypes.data, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
-                    WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data, T, 0, nb)
+                    WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data, R[l].ctypes.data,
+                    T, 0, nb)
         yb = Yb[s, rows[m]].ctypes.data
         last = L - 1
         if L == 1:
@@ -93,12 +98,12 @@ def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, length
             if l == 0:
                 bwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
                       WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, X[0].ctypes.data, cur.ctypes.data,
-                      null, dW.ctypes.data, dwg.ctypes.data, QKV.ctypes.data, GS.ctypes.data, DA.ctypes.data,
+                      null, dW.ctypes.data, dwg.ctypes.data, R[0].ctypes.data, GS.ctypes.data, DA.ctypes.data,
                       ACC.ctypes.data, T, 0, nb, P, TZ)
             else:
                 bwd(X[l - 1].ctypes.data, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
                     WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data, cur.ctypes.data,
-                    nxt.ctypes.data, dW.ctypes.data, dwg.ctypes.data, QKV.ctypes.data, GS.ctypes.data,
+                    nxt.ctypes.data, dW.ctypes.data, dwg.ctypes.data, R[l].ctypes.data, GS.ctypes.data,
                     DA.ctypes.data, ACC.ctypes.data, T, 0, nb)
                 tmp = cur
                 cur = nxt
@@ -165,14 +170,14 @@ def _kernels(D: int, label: int):
     Kernel = _wap_class()
     dt = np.dtype(np.float32)
     p, i, f = types.uint64, types.int64, types.float32
-    fwd_g, bwd_g = _layer_ir.gated_layer_kernels(D, dt, grad_z=False, gathered=True)
-    fwd, bwd = _layer_ir.gated_layer_kernels(D, dt, grad_z=True, gathered=False)
+    fwd_g, bwd_g = _layer_ir.gated_layer_kernels(D, dt, grad_z=False, gathered=True, kept=True)
+    fwd, bwd = _layer_ir.gated_layer_kernels(D, dt, grad_z=True, gathered=False, kept=True)
     qry_g = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=False, label=label, gathered=True)
     qry = _layer_ir.query_loss_kernel(D, dt, gated=True, residual=True, grad_z=True, label=label)
     raw = {name: k.raw for name, k in (("fwd_g", fwd_g), ("bwd_g", bwd_g), ("fwd", fwd), ("bwd", bwd),
                                         ("qry_g", qry_g), ("qry", qry))}
-    return (Kernel(raw["fwd_g"], types.void(*(p,) * 6, i, i, i, p, i)),
-            Kernel(raw["fwd"], types.void(*(p,) * 6, i, i, i)),
+    return (Kernel(raw["fwd_g"], types.void(*(p,) * 7, i, i, i, p, i)),
+            Kernel(raw["fwd"], types.void(*(p,) * 7, i, i, i)),
             Kernel(raw["bwd_g"], types.void(*(p,) * 14, i, i, i, p, i)),
             Kernel(raw["bwd"], types.void(*(p,) * 14, i, i, i)),
             Kernel(raw["qry_g"], types.void(*(p,) * 13, i, i, i, f, f, p, i)),
@@ -184,8 +189,8 @@ _BUFFERS = threading.local()
 
 def _buffers(nb: int, T: int, D: int, L: int) -> tuple:
     """This thread's work buffers for members of up to T tokens and L layers, kept between calls (every kernel
-    writes them before reading), each ``_blocked.ALIGN``-byte aligned: ≈ 7 MB per thread at gating.fig2's
-    largest (L = 3, T = 103, D = 16, 16 blocks)."""
+    writes them before reading), each ``_blocked.ALIGN``-byte aligned: ≈ 17 MB per thread at gating.fig2's
+    largest (L = 3, T = 103, D = 16, 16 blocks), 10 MB of it the full layers' q, k, v (R)."""
     cache = getattr(_BUFFERS, "cache", None)
     if cache is None:
         cache = _BUFFERS.cache = {}
@@ -200,7 +205,8 @@ def _buffers(nb: int, T: int, D: int, L: int) -> tuple:
             _blocked.aligned_empty((nb, D, D), f32), _blocked.aligned_empty((nb, D), f32),
             _blocked.aligned_empty((nb, D), f32),  # the read-out's per-block parts
             _blocked.aligned_empty((nb, 3, D, D), f32), _blocked.aligned_empty((nb, D), f32),  # a layer's
-            _blocked.aligned_empty(T * 3 * D * LN, f32), _blocked.aligned_empty(T * 3 * D * LN, f32),
+            _blocked.aligned_empty((max(L - 1, 1), tokens * 3), f32),  # R: the full layers' q, k, v
+            _blocked.aligned_empty(T * 3 * D * LN, f32),
             _blocked.aligned_empty(T * _layer_ir.DA_SLOTS * LN, f32),
             _blocked.aligned_empty(_layer_ir.acc_vectors(D) * LN, f32),  # the backward's scratch
             _blocked.aligned_empty((T * 8 + 2 * D + 1) * LN, f32),  # the read-out's scratch

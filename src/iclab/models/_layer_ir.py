@@ -516,7 +516,7 @@ def _gathered_token(ir: _Builder, D: int, loop: str) -> str:
     return ir.gep("%Z", f"%{loop}.zo")
 
 
-def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: bool = False) -> str:
+def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: bool = False, kept: bool = False) -> str:
     """IR of ``forward(Z, WQ, WK, WV, lam, O, T, first, stop)``: O = the layer's outputs for blocks [first, stop)
     of Z (blocks, T, D, LANES). ``gated``: ``lam`` is w_g (D,), and S_t = g_t S_{t-1} + v_t k_tᵀ with
     g_t = φ(w_gᵀ z_t). The state S (D² vectors) lives on the stack, a token's rows updated one loop iteration
@@ -525,11 +525,16 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: boo
 
     ``gathered``: two more arguments, ``(…, first, stop, P, TZ)``: the layer's input token t is token P[t] (int64)
     of Z (blocks, TZ, D, LANES), so that models reading subsequences of one prompt share its blocked copy
-    (:func:`_gathered_token`)."""
+    (:func:`_gathered_token`).
+
+    ``kept``: one more argument after O, ``(…, O, R, T, …)``: q_t, k_t, v_t of every block and token written to R
+    (blocks, T, 3, D, LANES), which :func:`backward_ir` with ``kept`` reads instead of computing them again."""
     ir = _Builder(dtype)
     decay_arg = "ptr noalias %wg" if gated else f"{ir.ty} %lam"
+    kept_arg = ", ptr noalias %R" if kept else ""
     ir.lines.append(f"define void @forward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
-                    f"{decay_arg}, ptr noalias %O, i64 %T, i64 %first, i64 %stop{_GATHER_ARGS if gathered else ''}) {{")
+                    f"{decay_arg}, ptr noalias %O{kept_arg}, i64 %T, i64 %first, i64 %stop"
+                    f"{_GATHER_ARGS if gathered else ''}) {{")
     ir.label("entry")
     ir.emit(f"%S = alloca {ir.V}, i64 {D * D}, align 64")
     ir.emit(f"%QK = alloca {ir.V}, i64 {3 * D}, align 64")  # q_t, k_t, v_t
@@ -548,12 +553,17 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: boo
     op = ir.gep("%O", "%toff")
     z = [ir.load(zp, f) for f in range(D)]
     decay = _gates(ir, z, D)[0] if gated else lam
-    _projections(ir, "pj", zp, "%QK", D)
+    if kept:  # this token's q_t, k_t, v_t in R ((blk·T + t)·3D vectors on), where the backward reads them
+        ir.emit("%roff = mul i64 %toff, 3")
+        qkv = ir.gep("%R", "%roff")
+    else:
+        qkv = "%QK"
+    _projections(ir, "pj", zp, qkv, D)
 
     def row(e, _):  # S_t[e] = g_t S_{t-1}[e] + v_t[e] k_t, o_t[e] = [z_t[e] +] S_t[e]·q_t
         ir.emit(f"%fr.so = mul i64 {e}, {D * LANES}")
         ir.emit(f"%fr.vo = mul i64 {e}, {LANES}")
-        qk, Sr = ir.opaque("%QK"), ir.gep("%S", "%fr.so")
+        qk, Sr = ir.opaque(qkv), ir.gep("%S", "%fr.so")
         ve = ir.load(ir.gep(qk, "%fr.vo"), 2 * D)
         acc = ir.load(ir.gep(zp, "%fr.vo"), 0) if residual else None
         for j in range(D):
@@ -573,7 +583,7 @@ def forward_ir(D: int, residual: bool, dtype, gated: bool = False, gathered: boo
 
 
 def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gated: bool = False,
-                gathered: bool = False) -> str:
+                gathered: bool = False, kept: bool = False) -> str:
     """IR of ``backward(Z, WQ, WK, WV, lam, dO, dZ, dW, dlam, QKV, G, ACC, T, first, stop)`` for blocks
     [first, stop): dZ (blocks, T, D, LANES) the input cotangent (if ``grad_z``; [dO +] W_Qᵀq̄ + W_Kᵀk̄ + W_Vᵀv̄),
     dW[blk] (3, D, D) the block's W̄_Q, W̄_K, W̄_V, dlam[blk] its λ̄ (0 unless ``grad_lam``). Scratch of one
@@ -588,7 +598,11 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     (D) the block's w̄_g.
 
     ``gathered`` (without ``grad_z``: the first layer, which reads data): Z read at positions, as in
-    :func:`forward_ir` (the arguments P, TZ last); O, dO and the scratch keep the layer's T tokens."""
+    :func:`forward_ir` (the arguments P, TZ last); O, dO and the scratch keep the layer's T tokens.
+
+    ``kept``: QKV is not scratch but the q_t, k_t, v_t of every block and token (blocks, T, 3, D, LANES) that
+    :func:`forward_ir` with ``kept`` wrote (the same FMAs in the same order: the same values), so pass 1 does not
+    compute them again (3D² of the backward's ≈ 16D² vector operations a token)."""
     if gated and (grad_lam or not residual):
         raise ValueError("the gated layer kernels are residual and have no λ")
     if gathered and grad_z:
@@ -626,9 +640,11 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.emit(f"%{loop}.zoff = mul i64 %{loop}.i, {D * LANES}")
         ir.emit(f"%{loop}.toff = add i64 %base, %{loop}.zoff")
         ir.emit(f"%{loop}.soff = mul i64 %{loop}.i, {3 * D * LANES}")
+        if kept:  # the forward's q_t, k_t, v_t: (blk·T + t)·3D vectors into QKV
+            ir.emit(f"%{loop}.koff = mul i64 %{loop}.toff, 3")
         zp = _gathered_token(ir, D, loop) if gathered else ir.gep("%Z", f"%{loop}.toff")
         return (zp, ir.gep("%dO", f"%{loop}.toff"), ir.gep("%dZ", f"%{loop}.toff"),
-                ir.gep("%QKV", f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
+                ir.gep("%QKV", f"%{loop}.koff" if kept else f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
 
     # pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t
     _loop_head(ir, "p1", "blk.body", "p1.latch", "0", 1, "%T")
@@ -641,7 +657,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.store(sm, ir.gep("%DA", "%p1.off"), 2)
     else:
         decay = lam
-    _projections(ir, "p1j", zp, sp, D)
+    if not kept:
+        _projections(ir, "p1j", zp, sp, D)
 
     # S_t's rows one loop iteration each (_rows_loop), over one slice of STATE_COLUMNS columns j at a time: k_t,
     # v_t[e], ō_t[e] read from memory, the slice's q̄_t[j] in the phis, stored after it
@@ -911,7 +928,7 @@ def layer_kernels(D: int, residual: bool, dtype, *, grad_z: bool = True, grad_la
 
 
 @functools.cache
-def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = False):
+def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = False, kept: bool = False):
     """(forward, backward) of ``gla_native``'s residual scalar-gated layer on the blocked layout, with the numba
     kernels' signatures (``gla_native._gated_layer_source`` with ``blocked=True``): ``forward(Z, WQ, WK, WV, wg, O,
     first, stop)``, ``backward(Z, WQ, WK, WV, wg, O, dO, dZ, dW, dwg, first, stop)`` (weights transposed, as
@@ -919,14 +936,19 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = 
 
     ``gathered`` (without ``grad_z``): ``forward(Z, P, WQ, …)`` and ``backward(Z, P, WQ, …)`` read the layer's
     input token t as token P[t] (P int64, C-contiguous) of Z (blocks, TZ, D, LANES); O, dO have the layer's
-    len(P) tokens. Many models reading subsequences of one prompt then share one blocked copy of it."""
+    len(P) tokens. Many models reading subsequences of one prompt then share one blocked copy of it.
+
+    ``kept``: ``forward(Z, …, O, R, first, stop)`` also writes q_t, k_t, v_t to R (blocks, T, 3, D, LANES), and
+    ``backward(Z, …, O, R, dO, …)`` reads them there (:func:`backward_ir`): the same bits as without."""
     dtype = np.dtype(dtype)
     P, I = ctypes.c_void_p, ctypes.c_int64
     extra = (P, I) if gathered else ()
-    fwd = compile_function(forward_ir(D, True, dtype, gated=True, gathered=gathered), "forward", None,
-                           (P,) * 6 + (I, I, I) + extra)
-    bwd = compile_function(backward_ir(D, True, grad_z, False, dtype, gated=True, gathered=gathered), "backward",
-                           None, (P,) * 14 + (I, I, I) + extra)
+    fwd = compile_function(forward_ir(D, True, dtype, gated=True, gathered=gathered, kept=kept), "forward", None,
+                           (P,) * (7 if kept else 6) + (I, I, I) + extra)
+    bwd = compile_function(backward_ir(D, True, grad_z, False, dtype, gated=True, gathered=gathered, kept=kept),
+                           "backward", None, (P,) * 14 + (I, I, I) + extra)
+    if kept:
+        return _kept_gated_kernels(D, dtype, fwd, bwd, grad_z, gathered)
 
     def _gated_scratch(T):  # QKV, G, DA, ACC
         return (_scratch(0, (T, 3, D, LANES), dtype), _scratch(1, (T, 3, D, LANES), dtype),
@@ -967,6 +989,50 @@ def gated_layer_kernels(D: int, dtype, *, grad_z: bool = True, gathered: bool = 
 
     gathered_forward.raw, gathered_backward.raw = fwd, bwd
     return gathered_forward, gathered_backward
+
+
+def _kept_gated_kernels(D: int, dtype, fwd, bwd, grad_z: bool, gathered: bool):
+    """:func:`gated_layer_kernels`'s Python callables with ``kept``: R (blocks, T, 3, D, LANES) after O, in both."""
+
+    def tokens_of(Z, P, O):
+        if gathered:
+            _check_gathered(Z, P, O.shape[0], O.shape[1], D)
+            return (P.ctypes.data, Z.shape[1])
+        if Z.shape[1:] != (Z.shape[1], D, LANES) or O.shape != Z.shape:
+            raise ValueError(f"blocked tokens must be (blocks, T, {D}, {LANES}) (got {Z.shape}, {O.shape})")
+        return ()
+
+    def check(O, R, *tokens):
+        if O.ndim != 4 or O.shape[2:] != (D, LANES) or any(a.shape != O.shape for a in tokens):
+            raise ValueError(f"blocked tokens must be (blocks, T, {D}, {LANES}) (got {O.shape})")
+        if R.shape != (O.shape[0], O.shape[1], 3, D, LANES):
+            raise ValueError(f"kept projections must be {(O.shape[0], O.shape[1], 3, D, LANES)} (got {R.shape})")
+
+    def weights(WQ, WK, WV, wg):
+        if any(w.shape != (D, D) for w in (WQ, WK, WV)) or wg.shape != (D,):
+            raise ValueError(f"layer weights must be ({D}, {D}) and ({D},) (got {[w.shape for w in (WQ, WK, WV, wg)]})")
+        return [_pointer(a, dtype) for a in (WQ, WK, WV, wg)]
+
+    def forward(Z, *args):
+        P, (WQ, WK, WV, wg, O, R, first, stop) = (args[0], args[1:]) if gathered else (None, args)
+        check(O, R)
+        extra = tokens_of(Z, P, O)
+        fwd(_pointer(Z, dtype), *weights(WQ, WK, WV, wg), _pointer(O, dtype), _pointer(R, dtype), O.shape[1],
+            first, stop, *extra)
+
+    def backward(Z, *args):
+        P, (WQ, WK, WV, wg, O, R, dO, dZ, dW, dwg, first, stop) = (args[0], args[1:]) if gathered else (None, args)
+        check(O, R, dO, *((dZ,) if grad_z else ()))
+        extra = tokens_of(Z, P, O)
+        T = O.shape[1]
+        G = _scratch(1, (T, 3, D, LANES), dtype)
+        DA, ACC = _scratch(2, (T, DA_SLOTS, LANES), dtype), _scratch(3, (acc_vectors(D), LANES), dtype)
+        bwd(_pointer(Z, dtype), *weights(WQ, WK, WV, wg), _pointer(O, dtype), _pointer(dO, dtype),
+            _pointer(dZ, dtype) if grad_z else 0, _pointer(dW, dtype), _pointer(dwg, dtype), _pointer(R, dtype), G,
+            DA, ACC, T, first, stop, *extra)
+
+    forward.raw, backward.raw = fwd, bwd
+    return forward, backward
 
 
 def _check_gathered(Z: np.ndarray, P: np.ndarray, blocks: int, T: int, D: int) -> int:
