@@ -41,3 +41,53 @@ def test_an_unbatched_key_beside_batched_values_broadcasts():
 def test_draws_are_standard_normal():
     z = np.asarray(standard_normal(_keys(1)[0], (200_000,)))
     assert abs(z.mean()) < 4 / np.sqrt(z.size) and abs(z.var() - 1) < 4 * np.sqrt(2 / z.size)
+
+
+# The bits on the CPU come from a compiled kernel (iclab.tasks._rbg_native): XLA's RngBitGenerator bit for bit.
+
+_STATES = [np.array(w, np.uint32) for w in ([0x12345678, 0x9ABCDEF0, 0x0FEDCBA9, 0x87654321], [1, 2, 3, 4],
+                                             [0xDEADBEEF, 0, 0xFFFFFFF0, 0xFFFFFFFF],  # the counter's low half wraps
+                                             [0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF])]
+
+
+def test_native_bits_are_xlas_rng_bit_generator(monkeypatch):
+    """The kernel's words equal ``lax.rng_bit_generator``'s (uint32 and uint64, shapes of every length mod 4, a
+    counter that carries into its high half) on 1, 2 and 3 threads."""
+    from iclab.tasks import _rbg_native
+
+    for words in _STATES:
+        for shape in ((1,), (3,), (5, 2), (2, 3, 7), (40_003,)):
+            ref32 = np.asarray(jax.lax.rng_bit_generator(jnp.asarray(words), shape, dtype=jnp.uint32)[1])
+            ref64 = np.asarray(jax.lax.rng_bit_generator(jnp.asarray(words), shape, dtype=jnp.uint64)[1])
+            for threads in (1, 2, 3):
+                monkeypatch.setattr(_rbg_native, "thread_count", lambda n=threads: n)
+                got = _rbg_native.words_of_state(words, 2 * ref32.size)
+                np.testing.assert_array_equal(got[:ref32.size].reshape(shape), ref32)
+                np.testing.assert_array_equal(got.view(np.uint64).reshape(shape), ref64)
+            for width, ref in ((32, ref32), (64, ref64)):
+                np.testing.assert_array_equal(jax.jit(_rbg_native.random_bits, static_argnums=(1, 2))(
+                    jnp.asarray(words), width, shape), ref)
+
+
+def test_native_bits_draw_the_same_normals_as_xlas(monkeypatch):
+    """standard_normal with the kernel's bits and with XLA's RngBitGenerator: the same numbers in float32 and
+    float64, for one key, under vmap (nested, jitted) and in a scan."""
+    from iclab.tasks import _random
+
+    keys = _keys(4)
+
+    def draws(dtype):
+        one = np.asarray(standard_normal(keys[1], (5, 3), dtype))
+        batched = jax.jit(jax.vmap(jax.vmap(lambda k: standard_normal(k, (7,), dtype))))(keys.reshape(2, 2, 2))
+        scanned = jax.jit(jax.vmap(lambda k: jax.lax.scan(
+            lambda c, i: (c, standard_normal(jax.random.fold_in(k, i), (1141,), dtype)), 0, jnp.arange(2))[1]))(keys)
+        return one, np.asarray(batched), np.asarray(scanned)
+
+    for dtype in (jnp.float32, jnp.float64):
+        got = {}
+        for native in (False, True):
+            monkeypatch.setattr(_random, "NATIVE_BITS", native)
+            got[native] = draws(dtype)
+        for a, b in zip(got[False], got[True]):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(a, b)

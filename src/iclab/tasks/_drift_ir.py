@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from iclab._llvm import compile_function
+from iclab.tasks._philox import M0 as _M0, M1 as _M1
 
 __all__ = ["LANES", "reference", "sample", "sampler_kernel"]
 
@@ -47,8 +48,6 @@ LANES = 4
 #: none on the speed beyond this VM's noise either, 1 to 10 tried).
 INTERLEAVE = 2
 
-_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
-_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
 _OUT = {np.dtype(np.float32): ("float", "f32", 4), np.dtype(np.float64): ("double", "f64", 8)}
 #: atanh(s)/s = Σ_k s^{2k}/(2k+1), k = 0..9 (|s| ≤ 0.1716: the first term left out ≈ 10⁻¹⁵).
 _ATANH = [1.0 / (2 * k + 1) for k in range(10)]

@@ -49,35 +49,14 @@ import numpy as np
 from iclab._host import host_call
 from iclab._numba import compile_kernels
 from iclab.tasks import _drift_ir
+from iclab.tasks._philox import M0 as _M0, M1 as _M1, W0 as _W0, W1 as _W1, round_key_lines as _round_key_lines
+from iclab.tasks._philox import round_keys, round_lines as _round_lines
 from iclab.threads import run_split, thread_count
 
 __all__ = ["NORMALS", "sample_shared_batch", "sample_training_batch"]
 
-_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
-_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
 #: Counter streams: inputs ξ, the initial task ε_0, the drift increments ε_i.
 _X, _W_INIT, _E = 0, 1, 2
-
-
-def _round_key_lines() -> str:
-    return "\n".join(f"    ka{r} = round_keys[{r}, 0]\n    kb{r} = round_keys[{r}, 1]" for r in range(10))
-
-
-def _round_lines() -> str:
-    lines = []
-    for r in range(10):
-        lines += [f"        p0 = np.uint64({_M0}) * x0",
-                  f"        p1 = np.uint64({_M1}) * x2",
-                  f"        x0, x1, x2, x3 = ((p1 >> hi) ^ x1 ^ ka{r}) & mask, p1 & mask, ((p0 >> hi) ^ x3 ^ kb{r}) & mask, "
-                  "p0 & mask"]
-    return "\n".join(lines)
-
-
-def round_keys(k0: int, k1: int) -> np.ndarray:
-    """The Philox4x32-10 key of each round, (10, 2) uint64: (k0 + r W0, k1 + r W1) mod 2³²."""
-    r = np.arange(10, dtype=np.uint64)
-    return np.stack([(np.uint64(k0) + r * np.uint64(_W0)) & np.uint64(0xFFFFFFFF),
-                     (np.uint64(k1) + r * np.uint64(_W1)) & np.uint64(0xFFFFFFFF)], axis=1)
 
 
 def _source() -> str:

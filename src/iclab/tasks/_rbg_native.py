@@ -1,0 +1,136 @@
+"""XLA's RNG bits of an RBG key, bit for bit, from a compiled CPU kernel: :func:`random_bits` and :data:`IMPL`.
+
+JAX's RBG keys draw through XLA's RngBitGenerator, whose default algorithm on the CPU is Philox4x32-10
+(:mod:`iclab.tasks._philox`). For a key of words (k0, k1, k2, k3) XLA reads the state s0 = k0 + 2³² k1,
+s1 = k2 + 2³² k3 and draws, for the j-th block of four 32-bit words, Philox of the 128-bit counter
+(s1 + j) + 2⁶⁴ (s0 + carry) (words from the least significant; carry = 1 where s1 + j wrapped past 2⁶⁴) under
+the key (k0, k1); the draw is the blocks' words in order, cut to the shape's size (row-major), and a 64-bit
+draw takes words 2m, 2m + 1 as its m-th value's low and high halves (read from XLA's expansion of the op; the
+tests compare every case with ``lax.rng_bit_generator``).
+
+Why: XLA expands the generator into a loop of scalar HLO on one thread, ≈ 3.6 ms per 2.9·10⁵ words here, 36 ms
+of gating.fig2's 45-ms batch (10 seeds × 256 prompts × 1141 normals); the kernel below (numba, the rounds
+written out, LLVM's vector code over the blocks) draws them in ≈ 1.3 ms per key on one thread, split over the
+threads. Only the bits move: :data:`IMPL` is a JAX PRNG implementation whose ``random_bits`` is this kernel (a
+host call), so ``jax.random.normal`` and ``uniform`` turn its bits into floats with their own XLA code, as they
+do the RBG key's, and the draws are the same bits (tested). Its other functions are the RBG key's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclab._host import host_call
+from iclab._numba import compile_kernels
+from iclab.tasks._philox import round_key_lines, round_keys, round_lines
+from iclab.threads import run_split, thread_count
+
+__all__ = ["IMPL", "random_bits", "words_of_state"]
+
+_SOURCE = f'''
+def blocks(round_keys, lo, top, out, first, stop):
+    """Philox blocks j in [first, stop) of the counter (lo + j) + 2⁶⁴ (top + carry) into out[4j:4j + 4] (uint32,
+    cut at out's end): whole blocks in a loop LLVM vectorises (no branch in it), a last partial one after it."""
+    n = out.shape[0]
+    mask = np.uint64(0xFFFFFFFF)
+    hi = np.uint64(32)
+    one = np.uint64(1)
+{round_key_lines()}
+    full = max(first, min(stop, n // 4))
+    for j in range(first, full):
+        c = lo + np.uint64(j)
+        h = top + (one if c < lo else np.uint64(0))
+        x0 = c & mask
+        x1 = c >> hi
+        x2 = h & mask
+        x3 = h >> hi
+{round_lines()}
+        out[4 * j] = np.uint32(x0)
+        out[4 * j + 1] = np.uint32(x1)
+        out[4 * j + 2] = np.uint32(x2)
+        out[4 * j + 3] = np.uint32(x3)
+    for j in range(full, stop):  # the last block, cut
+        c = lo + np.uint64(j)
+        h = top + (one if c < lo else np.uint64(0))
+        x0 = c & mask
+        x1 = c >> hi
+        x2 = h & mask
+        x3 = h >> hi
+{round_lines()}
+        words = (x0, x1, x2)
+        for q in range(3):
+            if 4 * j + q < n:
+                out[4 * j + q] = np.uint32(words[q])
+'''
+
+
+@functools.cache
+def _kernel():
+    return compile_kernels(_SOURCE, ["blocks"], label="iclab XLA RngBitGenerator (Philox4x32-10) bits", nogil=True,
+                           boundscheck=False)[0]
+
+
+def words_of_state(words: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` 32-bit words XLA's RngBitGenerator draws from the RBG key ``words`` (4,) uint32 (module
+    docstring), on this process's threads.
+
+    Args:
+        words: (4,) uint32, the key's data (k0, k1, k2, k3).
+        count: words to draw.
+    Returns:
+        (count,) uint32.
+    """
+    out = np.empty(count, np.uint32)
+    _fill(np.asarray(words, np.uint32), out)
+    return out
+
+
+def _fill(words: np.ndarray, out: np.ndarray) -> None:
+    """out (uint32, C-contiguous, flat) = the first out.size words of the key ``words``."""
+    k0, k1, k2, k3 = (int(w) for w in words)
+    s0, s1 = k0 | (k1 << 32), k2 | (k3 << 32)
+    jobs = -(-out.size // 4)
+    if jobs:
+        run_split(_kernel(), jobs, round_keys(k0, k1), np.uint64(s1), np.uint64(s0), out,
+                  threads=min(thread_count(), max(1, jobs // 4096)))  # a small draw stays on one thread
+
+
+def _host_bits(words, *, out):
+    (bits,) = out
+    _fill(words, bits.reshape(-1).view(np.uint32))
+
+
+def random_bits(key_data: jax.Array, bit_width: int, shape) -> jax.Array:
+    """``random_bits`` of :data:`IMPL`: the RBG key's bits (``lax.rng_bit_generator``'s) of width 32 or 64.
+
+    Args:
+        key_data: (4,) uint32.
+        bit_width: 32 or 64 (8 and 16: XLA draws them otherwise; refused).
+        shape: the draw's shape.
+    Returns:
+        uint32 or uint64 array of ``shape``.
+    """
+    if bit_width not in (32, 64):
+        raise ValueError(f"the native RBG bits are 32 or 64 bits wide (got {bit_width})")
+    dtype = jnp.uint32 if bit_width == 32 else jnp.uint64
+    shape = tuple(int(s) for s in shape)
+    if 0 in shape:
+        return jnp.zeros(shape, dtype)
+    return host_call(_host_bits, (jax.ShapeDtypeStruct(shape, dtype),), jnp.asarray(key_data, jnp.uint32),
+                     vmap_method="sequential", writes_out=True)[0]
+
+
+def _impl():
+    from jax.extend.random import define_prng_impl, rbg_prng_impl
+
+    rbg = rbg_prng_impl
+    return define_prng_impl(key_shape=rbg.key_shape, seed=rbg.seed, split=rbg.split, fold_in=rbg.fold_in,
+                            random_bits=random_bits, name="iclab_rbg_native", tag="irn")
+
+
+#: A JAX PRNG implementation: the RBG key's (key data, seed, split, fold_in), its bits from :func:`random_bits`.
+IMPL = _impl()
