@@ -393,7 +393,10 @@ def test_the_grid_driver_is_the_per_member_python_bit_for_bit(L, monkeypatch):
     """float32 grids of whole models run by the compiled driver (``_grid_driver.run_members``) against its naive
     twin, ``_multilayer_member``'s Python calling the same kernels: loss and every gradient the same bits, under
     vmap over seeds, with Z of one row or of every row, on 1 and 2 threads, claiming 1 or 5 members at a time or a
-    thread's whole share of those left."""
+    thread's whole share of those left, taking the blocks through the model one, four (the last step partial) or
+    all at a time."""
+    from iclab.models import _grid_driver
+
     Z, y = _tokens(3, 8 * _blocked.LANES + 5, 13, jnp.float32, key=66)  # 9 blocks: numpy sums 8 or more pairwise
     layers = [jax.tree_util.tree_map(lambda a: jnp.stack([a, 0.7 * a]), layer) for layer in _layers(L, jnp.float32)]
     Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
@@ -404,10 +407,11 @@ def test_the_grid_driver_is_the_per_member_python_bit_for_bit(L, monkeypatch):
         monkeypatch.setattr(native, "thread_count", lambda: 1)
         ref = jax.tree_util.tree_leaves(grad(layers, Zc, ys))
         monkeypatch.setattr(native, "GRID_DRIVER", True)
-        for threads, chunk, guide in ((1, 1, 4), (2, 1, 4), (2, 5, 4), (2, 1, 1)):
+        for threads, chunk, guide, blocks in ((1, 1, 4, 1), (2, 1, 4, 0), (2, 5, 4, 4), (2, 1, 1, 1)):
             monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
             monkeypatch.setattr(native, "DRIVER_CHUNK", chunk)
             monkeypatch.setattr(native, "DRIVER_GUIDE", guide)
+            monkeypatch.setattr(_grid_driver, "BLOCKS", blocks)
             for a, b in zip(jax.tree_util.tree_leaves(grad(layers, Zc, ys)), ref):
                 np.testing.assert_array_equal(a, b)
         assert all(np.all(np.isfinite(a)) and np.any(a != 0) for a in ref)

@@ -8,7 +8,10 @@ Per member (s, m, g) of the grid, with T its prompt length and the L − 1 full 
               token cotangents X̄_{L−2} below it;
     backward: layer l = L − 2, …, 0 from (its input, X_l, X̄_l): its per-block weight gradients and X̄_{l−1};
 
-then the per-block partial sums added over the blocks in order. The full layers run as their ``kept`` kernels
+then the per-block partial sums added over the blocks in order. A member's blocks go through its whole model
+``BLOCKS`` at a time (forward, read-out, backward of one block, then the next): the outputs, q, k, v and
+cotangents the backward reads are then the last few hundred kB written, in cache, and their buffers are one
+block's, reused. The full layers run as their ``kept`` kernels
 (``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t in R[l] for its backward, which does not
 compute them again (the same bits; gating's layer at D = 16, T = 103, 16 blocks, one thread: the backward
 3.2-3.3 → 2.9-3.0 ms with z̄, 2.7 → 2.3 ms without, the forward 1.00 → 1.06-1.11 ms for the stores). These are the kernels and the sums of
@@ -54,26 +57,51 @@ def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, length
         T = lengths[g]
         Zin = Zp[pair_of[s, rows[m] % RZ]]
         P = positions[g].ctypes.data
-        size = nb * T * D * LN
-        for l in range(L - 1):  # the full layers, each writing X[l] (its T tokens, blocked) and R[l] (q, k, v)
-            if l == 0:
-                fwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
-                      WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, X[0].ctypes.data, R[0].ctypes.data,
-                      T, 0, nb, P, TZ)
-            else:
-                fwd(X[l - 1].ctypes.data, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
-                    WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data, R[l].ctypes.data,
-                    T, 0, nb)
         yb = Yb[s, rows[m]].ctypes.data
         last = L - 1
         if L == 1:
             qry_g(Zin.ctypes.data, yb, Wq[s, m, g, 0].ctypes.data, Wk[s, m, g, 0].ctypes.data, U[s, m, g].ctypes.data,
                   Wg[s, m, g, 0].ctypes.data, lo.ctypes.data, gq.ctypes.data, gk.ctypes.data, gv.ctypes.data,
                   gg.ctypes.data, null, SC.ctypes.data, T, 0, nb, inv_b, two_b, P, TZ)
-        else:
-            qry(X[L - 2].ctypes.data, yb, Wq[s, m, g, last].ctypes.data, Wk[s, m, g, last].ctypes.data,
+        # the blocks BLOCKS at a time through the whole model (forward, read-out, backward), so that a block's
+        # tokens, outputs, q, k, v and cotangents are still in cache when its backward reads them
+        step = nb if BLOCKS == 0 else BLOCKS
+        for b0 in range(0, nb if L > 1 else 0, step):
+            b1 = min(nb, b0 + step)
+            # X, R, X̄ hold `step` blocks: each pointer shifted back by b0 blocks, so that the kernels' block b0 is
+            # the buffer's first (the same few hundred kB reused block after block, in cache)
+            sx = np.uint64(b0 * T * D * LN * 4)
+            sr = np.uint64(3) * sx
+            x0 = X[0].ctypes.data - sx
+            r0 = R[0].ctypes.data - sr
+            za = dZa.ctypes.data - sx
+            zb = dZb.ctypes.data - sx
+            for l in range(L - 1):  # the full layers, each writing X[l] (its T tokens, blocked) and R[l] (q, k, v)
+                if l == 0:
+                    fwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
+                          WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, x0, r0, T, b0, b1, P, TZ)
+                else:
+                    fwd(X[l - 1].ctypes.data - sx, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
+                        WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data - sx,
+                        R[l].ctypes.data - sr, T, b0, b1)
+            qry(X[L - 2].ctypes.data - sx, yb, Wq[s, m, g, last].ctypes.data, Wk[s, m, g, last].ctypes.data,
                 U[s, m, g].ctypes.data, Wg[s, m, g, last].ctypes.data, lo.ctypes.data, gq.ctypes.data, gk.ctypes.data,
-                gv.ctypes.data, gg.ctypes.data, dZa.ctypes.data, SC.ctypes.data, T, 0, nb, inv_b, two_b)
+                gv.ctypes.data, gg.ctypes.data, za, SC.ctypes.data, T, b0, b1, inv_b, two_b)
+            cur = za
+            nxt = zb
+            for l in range(L - 2, -1, -1):  # X̄_{l-1} = X̄_l + the layer's input cotangent (in the kernel)
+                if l == 0:
+                    bwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
+                          WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, x0, cur, null, dW[0].ctypes.data,
+                          dwg[0].ctypes.data, r0, GS.ctypes.data, DA.ctypes.data, ACC.ctypes.data, T, b0, b1, P, TZ)
+                else:
+                    bwd(X[l - 1].ctypes.data - sx, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
+                        WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data - sx, cur, nxt,
+                        dW[l].ctypes.data, dwg[l].ctypes.data, R[l].ctypes.data - sr, GS.ctypes.data,
+                        DA.ctypes.data, ACC.ctypes.data, T, b0, b1)
+                    tmp = cur
+                    cur = nxt
+                    nxt = tmp
         for b in range(nb):
             loss_parts[s, m, g, b] = lo[b]
         for e in range(D):  # blocks in order, as numpy's sum(axis=0)
@@ -92,28 +120,13 @@ def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, length
                 c += gg[b, e]
             ov[s, m, g, last, e, label] = a
             og[s, m, g, last, e] = c
-        cur = dZa
-        nxt = dZb
-        for l in range(L - 2, -1, -1):  # X̄_{l-1} = X̄_l + the layer's input cotangent (in the kernel)
-            if l == 0:
-                bwd_g(Zin.ctypes.data, WQt[s, m, g, 0].ctypes.data, WKt[s, m, g, 0].ctypes.data,
-                      WVt[s, m, g, 0].ctypes.data, Wg[s, m, g, 0].ctypes.data, X[0].ctypes.data, cur.ctypes.data,
-                      null, dW.ctypes.data, dwg.ctypes.data, R[0].ctypes.data, GS.ctypes.data, DA.ctypes.data,
-                      ACC.ctypes.data, T, 0, nb, P, TZ)
-            else:
-                bwd(X[l - 1].ctypes.data, WQt[s, m, g, l].ctypes.data, WKt[s, m, g, l].ctypes.data,
-                    WVt[s, m, g, l].ctypes.data, Wg[s, m, g, l].ctypes.data, X[l].ctypes.data, cur.ctypes.data,
-                    nxt.ctypes.data, dW.ctypes.data, dwg.ctypes.data, R[l].ctypes.data, GS.ctypes.data,
-                    DA.ctypes.data, ACC.ctypes.data, T, 0, nb)
-                tmp = cur
-                cur = nxt
-                nxt = tmp
+        for l in range(L - 1):
             for k in range(3):  # the kernel's W̄_• is the gradient of W_•ᵀ
                 for e in range(D):
                     for f in range(D):
-                        a = dW[0, k, e, f]
+                        a = dW[l, 0, k, e, f]
                         for b in range(1, nb):
-                            a += dW[b, k, e, f]
+                            a += dW[l, b, k, e, f]
                         if k == 0:
                             oq[s, m, g, l, f, e] = a
                         elif k == 1:
@@ -121,9 +134,9 @@ def drive(fwd_g, fwd, bwd_g, bwd, qry_g, qry, members, first, stop, rows, length
                         else:
                             ov[s, m, g, l, f, e] = a
             for e in range(D):
-                a = dwg[0, e]
+                a = dwg[l, 0, e]
                 for b in range(1, nb):
-                    a += dwg[b, e]
+                    a += dwg[l, b, e]
                 og[s, m, g, l, e] = a
 '''
 
@@ -154,10 +167,16 @@ def _wap_class():
     return Kernel
 
 
+#: Blocks of a member taken through its whole model at a time (0: all of them, layer after layer, as the naive
+#: twin). gating.fig2's loss and gradient, alternated in one process (8 rounds, 29 Nov 2026): 0.259-0.266 s with
+#: all blocks a layer at a time, 0.229-0.245 s with one, 0.231-0.239 s with two (minimum-median). The same bits.
+BLOCKS = 1
+
+
 @functools.cache
-def _compiled():
-    return compile_kernels(_SOURCE, ["drive"], label="iclab multi-layer grid driver", nogil=True,
-                           boundscheck=False)[0]
+def _compiled(blocks: int):
+    return compile_kernels(_SOURCE, ["drive"], label="iclab multi-layer grid driver", constants={"BLOCKS": blocks},
+                           nogil=True, boundscheck=False)[0]
 
 
 @functools.cache
@@ -187,24 +206,26 @@ def _kernels(D: int, label: int):
 _BUFFERS = threading.local()
 
 
-def _buffers(nb: int, T: int, D: int, L: int) -> tuple:
+def _buffers(nb: int, T: int, D: int, L: int, step: int) -> tuple:
     """This thread's work buffers for members of up to T tokens and L layers, kept between calls (every kernel
-    writes them before reading), each ``_blocked.ALIGN``-byte aligned: ≈ 17 MB per thread at gating.fig2's
-    largest (L = 3, T = 103, D = 16, 16 blocks), 10 MB of it the full layers' q, k, v (R)."""
+    writes them before reading), each ``_blocked.ALIGN``-byte aligned; the full layers' outputs X, their q, k, v
+    (R) and the token cotangents X̄ for ``step`` blocks (0: all nb): ≈ 1.6 MB per thread at gating.fig2's largest
+    (L = 3, T = 103, D = 16, 16 blocks) with one block, ≈ 17 MB with all."""
     cache = getattr(_BUFFERS, "cache", None)
     if cache is None:
         cache = _BUFFERS.cache = {}
-    key = (nb, T, D, L)
+    key = (nb, T, D, L, step)
     if key not in cache:
         LN, f32 = _blocked.LANES, np.float32
-        tokens = nb * T * D * LN
+        tokens = (step or nb) * T * D * LN
         cache[key] = (
             _blocked.aligned_empty((max(L - 1, 1), tokens), f32),  # X: the full layers' outputs
             _blocked.aligned_empty(tokens, f32), _blocked.aligned_empty(tokens, f32),  # X̄, ping-pong
             _blocked.aligned_empty(nb, f32), _blocked.aligned_empty((nb, D, D), f32),
             _blocked.aligned_empty((nb, D, D), f32), _blocked.aligned_empty((nb, D), f32),
             _blocked.aligned_empty((nb, D), f32),  # the read-out's per-block parts
-            _blocked.aligned_empty((nb, 3, D, D), f32), _blocked.aligned_empty((nb, D), f32),  # a layer's
+            _blocked.aligned_empty((max(L - 1, 1), nb, 3, D, D), f32),  # the full layers' per-block W̄ and w̄_g
+            _blocked.aligned_empty((max(L - 1, 1), nb, D), f32),
             _blocked.aligned_empty((max(L - 1, 1), tokens * 3), f32),  # R: the full layers' q, k, v
             _blocked.aligned_empty(T * 3 * D * LN, f32),
             _blocked.aligned_empty(T * _layer_ir.DA_SLOTS * LN, f32),
@@ -230,8 +251,8 @@ def run_members(members: np.ndarray, first: int, stop: int, *, rows, lengths, po
             gradients written (ov's last layer in its label column only).
     """
     D = Zp.shape[3]
-    bufs = _buffers(Zp.shape[1], int(lengths.max()), D, Wq.shape[3])
+    bufs = _buffers(Zp.shape[1], int(lengths.max()), D, Wq.shape[3], min(BLOCKS, Zp.shape[1]))
     one = np.float32(1.0)
-    _compiled()(*_kernels(D, label), members, first, stop, rows, lengths, positions, pair_of, Zp, Yb, WQt, WKt, WVt,
+    _compiled(BLOCKS)(*_kernels(D, label), members, first, stop, rows, lengths, positions, pair_of, Zp, Yb, WQt, WKt, WVt,
                 Wq, Wk, U, Wg, label, one / np.float32(B), np.float32(2.0) / np.float32(B), *bufs,
                 loss_parts, oq, ok, ov, og)

@@ -72,6 +72,16 @@ slower), the weights read directly in z̄_t's loops (no faster), prefetching eve
 than O alone), 8-lane blocks (``_blocked.LANES`` = 8: the forward 1.25×, the backward 1.1-1.3× slower)
 and, as an upper bound, the forward and backward without the decay's multiply (the forward 11 % faster, the
 backward no faster).
+
+Since 29 Nov 12:00 gating's layer may keep its projections (``kept``, the grid driver's kernels): the forward
+writes q_t, k_t, v_t of every block and token to R (blocks, T, 3, D, LANES) and the backward's first pass reads
+them there instead of computing them again (3D² of its ≈ 16D² vector operations a token); the same FMAs in
+the same order, so the same bits (tested). One thread, 16 blocks, D = 16, T = 103, alternated in one process
+(three rounds): backward with z̄ 3.22-3.28 → 2.87-2.90 ms (one round 3.55), without it 2.68-2.73 → 2.28-2.31 ms;
+the forward 1.00-1.01 → 1.06-1.12 ms, the cost of the stores (+5 % with R in L2, one block). Tried and dropped:
+prefetching R's lines for writing (no faster), computing q, k, v on the stack and copying them to R (the
+forward 1.16-1.20 ms), non-temporal stores to R (the backward 3.3-3.4 ms: R read back from memory). On 28 Nov
+the same idea saved ≈ 7 % of a layer and was dropped; the step's measurement is in the README.
 """
 
 from __future__ import annotations
