@@ -91,3 +91,10 @@ def test_native_bits_draw_the_same_normals_as_xlas(monkeypatch):
         for a, b in zip(got[False], got[True]):
             assert a.dtype == dtype
             np.testing.assert_array_equal(a, b)
+
+
+def test_half_precision_draws_keep_xlas_generator():
+    """float16 draws need 16-bit words, which the kernel does not draw: they stay XLA's, the same as before."""
+    key = _keys(1)[0]
+    np.testing.assert_array_equal(standard_normal(key, (6,), jnp.float16),
+                                  jax.random.normal(rbg_key(key), (6,), jnp.float16))

@@ -98,5 +98,6 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float64) -
         shape: the shape of the draw.
         dtype: float dtype of the draw.
     """
-    native = NATIVE_BITS and jax.default_backend() == "cpu"
+    # the kernel draws XLA's 32- and 64-bit words; narrower floats, and other backends, keep XLA's generator
+    native = NATIVE_BITS and jax.default_backend() == "cpu" and jnp.dtype(dtype).itemsize in (4, 8)
     return _sampler(tuple(int(s) for s in shape), jnp.dtype(dtype), native)(key)
