@@ -31,6 +31,17 @@ from iclab.threads import run_split, thread_count
 
 __all__ = ["IMPL", "random_bits", "words_of_state"]
 
+def _block_lines() -> str:
+    """Source lines (8 spaces in) of Philox block j: its counter (lo + j) + 2⁶⁴ (top + carry), then the rounds."""
+    return f'''        c = lo + np.uint64(j)
+        h = top + (one if c < lo else np.uint64(0))
+        x0 = c & mask
+        x1 = c >> hi
+        x2 = h & mask
+        x3 = h >> hi
+{round_lines()}'''
+
+
 _SOURCE = f'''
 def blocks(round_keys, lo, top, out, first, stop):
     """Philox blocks j in [first, stop) of the counter (lo + j) + 2⁶⁴ (top + carry) into out[4j:4j + 4] (uint32,
@@ -42,25 +53,13 @@ def blocks(round_keys, lo, top, out, first, stop):
 {round_key_lines()}
     full = max(first, min(stop, n // 4))
     for j in range(first, full):
-        c = lo + np.uint64(j)
-        h = top + (one if c < lo else np.uint64(0))
-        x0 = c & mask
-        x1 = c >> hi
-        x2 = h & mask
-        x3 = h >> hi
-{round_lines()}
+{_block_lines()}
         out[4 * j] = np.uint32(x0)
         out[4 * j + 1] = np.uint32(x1)
         out[4 * j + 2] = np.uint32(x2)
         out[4 * j + 3] = np.uint32(x3)
     for j in range(full, stop):  # the last block, cut
-        c = lo + np.uint64(j)
-        h = top + (one if c < lo else np.uint64(0))
-        x0 = c & mask
-        x1 = c >> hi
-        x2 = h & mask
-        x3 = h >> hi
-{round_lines()}
+{_block_lines()}
         words = (x0, x1, x2)
         for q in range(3):
             if 4 * j + q < n:
