@@ -13,12 +13,12 @@ numbers alone and beside other seeds, and a member of a grid different numbers a
 :func:`standard_normal` has its own batching rule: a vmapped call draws each key's numbers by itself
 (a ``lax.map`` over the keys), so it equals the per-key draws exactly, under any nesting of vmap.
 
-On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.tasks._rbg_native`):
-XLA's RngBitGenerator expanded into scalar HLO on one thread was 36 of the 45 ms of gating.fig2's batch; the
-kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
-thread, each key by itself under vmap, and ``jax.random.normal`` turns them into floats with its own XLA
-code, so every draw is the same bits as before. gating.fig2's batch (10 seeds): the normals 36 → 15-16 ms,
-the batch 41-45 → 28-31 ms (alternated in one process, 29 Nov 2026).
+On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.tasks._rbg_native`): XLA's
+RngBitGenerator, expanded into elementwise HLO that ran on one thread, was 36 of the 45 ms of gating.fig2's batch;
+the kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
+thread, each key by itself under vmap, and ``jax.random.normal`` turns them into floats with its own XLA code, so
+every draw is the same bits as before. gating.fig2's batch (10 seeds): the normals 36 → 15-16 ms, the batch 41-45 →
+28-31 ms (alternated in one process, 29 Nov 2026).
 """
 
 from __future__ import annotations
@@ -66,11 +66,6 @@ def _sampler(shape: tuple[int, ...], dtype, native: bool):
     def one(key):
         return jax.random.normal(_native_key(key) if native else rbg_key(key), shape, dtype)
 
-    def draws(keys):
-        # materialised once: fused into its consumers, XLA computed the erfinv of every number once per consumer
-        # (gating.fig2's batch took 46-57 ms against 44 ms before, its normals alone 17 ms against 38)
-        return jax.lax.optimization_barrier(jax.vmap(one)(keys))
-
     @custom_batching.custom_vmap
     def draw(key):
         return one(key)
@@ -81,7 +76,7 @@ def _sampler(shape: tuple[int, ...], dtype, native: bool):
         if not batched:
             return draw(key), False
         # the kernel's bits are per key under vmap (one host call per key); XLA's RngBitGenerator's are not
-        return (draws(key) if native else jax.lax.map(draw, key)), True
+        return (jax.vmap(one)(key) if native else jax.lax.map(draw, key)), True
 
     return draw
 

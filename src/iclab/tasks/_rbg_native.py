@@ -8,12 +8,13 @@ the key (k0, k1); the draw is the blocks' words in order, cut to the shape's siz
 draw takes words 2m, 2m + 1 as its m-th value's low and high halves (read from XLA's expansion of the op; the
 tests compare every case with ``lax.rng_bit_generator``).
 
-Why: XLA expands the generator into a loop of scalar HLO on one thread, ≈ 3.6 ms per 2.9·10⁵ words here, 36 ms
-of gating.fig2's 45-ms batch (10 seeds × 256 prompts × 1141 normals); the kernel below (numba, the rounds
-written out, LLVM's vector code over the blocks) draws them in ≈ 1.3 ms per key on one thread, split over the
-threads. Only the bits move: :data:`IMPL` is a JAX PRNG implementation whose ``random_bits`` is this kernel (a
-host call), so ``jax.random.normal`` and ``uniform`` turn its bits into floats with their own XLA code, as they
-do the RBG key's, and the draws are the same bits (tested). Its other functions are the RBG key's.
+Why: XLA expands the generator into elementwise HLO (the ten rounds on 64-bit products) that ran on one thread here,
+≈ 3.6 ms per 2.9·10⁵ words, 36 ms of gating.fig2's 45-ms batch (10 seeds × 256 prompts × 1141 normals); the kernel
+below (numba, the rounds written out, the whole blocks in a loop without branches) draws them in ≈ 0.77 ms per key
+on one thread (1.3 ms with the last block's cut in the loop), split over the threads. Only the bits move:
+:data:`IMPL` is a JAX PRNG implementation whose ``random_bits`` is this kernel (a host call), so
+``jax.random.normal`` and ``uniform`` turn its bits into floats with their own XLA code, as they do the RBG key's,
+and the draws are the same bits (tested). Its other functions are the RBG key's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from iclab.tasks._philox import round_key_lines, round_keys, round_lines
 from iclab.threads import run_split, thread_count
 
 __all__ = ["IMPL", "random_bits", "words_of_state"]
+
 
 def _block_lines() -> str:
     """Source lines (8 spaces in) of Philox block j: its counter (lo + j) + 2⁶⁴ (top + carry), then the rounds."""
