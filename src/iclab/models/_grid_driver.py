@@ -9,17 +9,17 @@ Per member (s, m, g) of the grid, with T its prompt length and the L − 1 full 
     backward: layer l = L − 2, …, 0 from (its input, X_l, X̄_l): its per-block weight gradients and X̄_{l−1};
 
 then the per-block partial sums added over the blocks in order. A member's blocks go through its whole model
-``BLOCKS`` at a time (forward, read-out, backward of one block, then the next): the outputs, q, k, v and
-cotangents the backward reads are then the last few hundred kB written, in cache, and their buffers are one
-block's, reused. The full layers run as their ``kept`` kernels
-(``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t in R[l] for its backward, which does not
-compute them again (the same bits; gating's layer at D = 16, T = 103, 16 blocks, one thread: the backward
-3.2-3.3 → 2.9-3.0 ms with z̄, 2.7 → 2.3 ms without, the forward 1.00 → 1.06-1.11 ms for the stores). These are the kernels and the sums of
-``gla_native._multilayer_member``'s IR path, the naive twin this loop is tested against bit for bit; what
-differs is only who calls them. gating.fig2's step calls ≈ 1500 kernels on 300 models, and between them the
-Python of the member (operand checks, allocations, slicing, numpy's small sums; ≈ 0.08-0.10 s a step) held the
-GIL: on two threads one thread's Python stalled the other's. Here a numba function (no GIL) calls the IR kernels
-through their addresses (numba's first-class function types), in buffers kept per thread.
+``BLOCKS`` at a time (forward, read-out, backward of one block, then the next): the outputs, q, k, v and cotangents
+the backward reads are then the last few hundred kB written, in cache, and their buffers are one block's, reused.
+The full layers run as their ``kept`` kernels (``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t
+in R[l] for its backward, which does not compute them again (the same bits; gating's layer at D = 16, T = 103, 16
+blocks, one thread: the backward 3.2-3.3 → 2.9-3.0 ms with z̄, 2.7 → 2.3 ms without, the forward 1.00 → 1.06-1.11 ms
+for the stores). These are the kernels and the sums of ``gla_native._multilayer_member``'s IR path, the naive twin
+this loop is tested against bit for bit; what differs is who calls them, and in what order of blocks. gating.fig2's
+step calls ≈ 1500 kernels on 300 models, and between them the Python of the member (operand checks, allocations,
+slicing, numpy's small sums; ≈ 0.08-0.10 s a step) held the GIL: on two threads one thread's Python stalled the
+other's. Here a numba function (no GIL) calls the IR kernels through their addresses (numba's first-class function
+types), in buffers kept per thread.
 
 The loss is left per block (``loss_parts``, (S, M, G, blocks)) for numpy's sum over the last axis, which is the
 same pairwise sum as the per-member ``lo.sum()``; the weight gradients are summed here block after block, as
@@ -253,6 +253,6 @@ def run_members(members: np.ndarray, first: int, stop: int, *, rows, lengths, po
     D = Zp.shape[3]
     bufs = _buffers(Zp.shape[1], int(lengths.max()), D, Wq.shape[3], min(BLOCKS, Zp.shape[1]))
     one = np.float32(1.0)
-    _compiled(BLOCKS)(*_kernels(D, label), members, first, stop, rows, lengths, positions, pair_of, Zp, Yb, WQt, WKt, WVt,
-                Wq, Wk, U, Wg, label, one / np.float32(B), np.float32(2.0) / np.float32(B), *bufs,
-                loss_parts, oq, ok, ov, og)
+    _compiled(BLOCKS)(*_kernels(D, label), members, first, stop, rows, lengths, positions, pair_of, Zp, Yb, WQt, WKt,
+                      WVt, Wq, Wk, U, Wg, label, one / np.float32(B), np.float32(2.0) / np.float32(B), *bufs,
+                      loss_parts, oq, ok, ov, og)

@@ -199,9 +199,10 @@ register(
         runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
                  "paper": "2831 s (47 min) on the idle 2-core machine, the whole grid jointly (29 Nov 2026, "
                           "13:30-14:17, with the RNG bits from a compiled kernel, the kept projections and each "
-                          "model's blocks one at a time: ≈ 0.27 s per step; 2.5× the flop floor at 178 GFLOP/s, the bench's peak that day, "
-                          "evaluation included), 4/4 checks; best of 10 seeds at n̄ = 40, 50: 0.216, 0.182 (1 layer), "
-                          "0.055, 0.032 (2), 0.021, 0.020 (3). Before it: 5528 s (92 min), the whole grid jointly (27 Nov 2026, "
+                          "model's blocks one at a time: ≈ 0.27 s per step; 2.5× the flop floor at 178 GFLOP/s, "
+                          "the bench's peak that day, evaluation included), 4/4 checks; best of 10 seeds at "
+                          "n̄ = 40, 50: 0.216, 0.182 (1 layer), 0.055, 0.032 (2), 0.021, 0.020 (3). Before it: "
+                          "5528 s (92 min), the whole grid jointly (27 Nov 2026, "
                           "20:43-22:16, kernel = native: every float32 kernel as LLVM IR, whole models on the threads), "
                           "4/4 checks; ≈ 0.58 s per Adam step in the run against 0.42 s in `iclab bench gating`'s step "
                           "(the same evening; 0.37-0.41 s on 27 Nov 17:48-17:55, 0.88 s on 26 Nov). Alternated in one "
