@@ -101,11 +101,15 @@ def test_operands_reach_the_host_function_in_place():
     assert seen == [x.unsafe_buffer_pointer()]
 
 
-@pytest.mark.parametrize("ffi", [True, False])
+@pytest.mark.parametrize("ffi", [True, False, "pure_callback"])
 def test_writes_out_fills_the_results_on_every_path(ffi, monkeypatch):
     """``writes_out``: the function writes its results into ``out`` (XLA's result buffers on the FFI path, fresh
-    arrays on JAX's callback path and eagerly); the same values under jit, vmap and eagerly."""
-    monkeypatch.setattr(_host_module(), "FFI", ffi)
+    arrays on JAX's callback path, on ``jax.pure_callback`` where the primitive is missing, and eagerly); the same
+    values under jit, vmap and eagerly."""
+    if ffi == "pure_callback":
+        monkeypatch.setattr(_host_module(), "_PRIM", None)
+    else:
+        monkeypatch.setattr(_host_module(), "FFI", ffi)
     writes = []
 
     def fn(a, b, out):
@@ -126,8 +130,19 @@ def test_writes_out_fills_the_results_on_every_path(ffi, monkeypatch):
     out = jax.jit(jax.vmap(lambda x: host_call(fn, shapes, x, y, writes_out=True)))(xs)
     np.testing.assert_array_equal(out[1][1], -ref["rows"])
     assert writes[-1] == ((3, 4), (3, 4))  # sequential: once per mapped instance
-    with pytest.raises(ValueError, match="sequential"):
-        host_call(fn, shapes, x, y, writes_out=True, vmap_method="broadcast_all")
+
+    def fn_mapped(a, b, out):  # broadcast_all: the mapped axis first on the operands and on out
+        writes.append(tuple(o.shape for o in out))
+        s, rows = out
+        s[...] = a * b.sum(axis=-1)[..., None, None]
+        rows[...] = np.cumsum(a, axis=-1)
+
+    out = jax.jit(jax.vmap(lambda x: host_call(fn_mapped, shapes, x, y, writes_out=True,
+                                               vmap_method="broadcast_all")))(xs)
+    assert writes[-1] == ((2, 3, 4), (2, 3, 4))  # one call for both instances
+    for i, sign in enumerate((1, -1)):
+        np.testing.assert_array_equal(out[0][i], sign * ref["sum"])
+        np.testing.assert_array_equal(out[1][i], sign * ref["rows"])
 
 
 #: How jax raises an XLA error: JaxRuntimeError from a jitted function's first call, ValueError from its C++ fast path.

@@ -147,16 +147,20 @@ def host_call(fn, result_shape_dtypes, *args, vmap_method: str = "sequential", w
             leading axis of size 1), as in ``jax.pure_callback``.
         writes_out: fn is called as ``fn(*operands, out=arrays)`` and writes every element of its results into
             ``arrays`` (the leaves of ``result_shape_dtypes``, in order; on the FFI path XLA's result buffers, so
-            that nothing is copied afterwards) instead of returning them; with ``vmap_method="sequential"`` only
-            (the arrays have the shapes of ``result_shape_dtypes``).
+            that nothing is copied afterwards) instead of returning them. Under vmap with ``broadcast_all`` or
+            ``expand_dims`` the arrays have the mapped axes first (fn sees them on its operands too).
     Returns:
         fn's results, as arrays in the pytree of ``result_shape_dtypes``.
     """
-    if writes_out and vmap_method != "sequential":
-        raise ValueError(f"host_call: writes_out needs vmap_method='sequential' (got {vmap_method!r})")
     leaves, tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     if _PRIM is None or jax.default_backend() != "cpu":
-        call = _Fn(fn, tree, writes_out).with_fresh_out(leaves)
+        fn_ = _Fn(fn, tree, writes_out)
+        ranks = [np.ndim(a) for a in args]
+
+        def call(*a):  # under vmap the operands (and so the results) carry the mapped axes first
+            lead = a[0].shape[:np.ndim(a[0]) - ranks[0]] if a else ()
+            return fn_.with_fresh_out([jax.ShapeDtypeStruct(lead + tuple(s.shape), s.dtype) for s in leaves])(*a)
+
         return jax.pure_callback(lambda *a: jax.tree_util.tree_unflatten(tree, list(call(*a))), result_shape_dtypes,
                                  *args, vmap_method=vmap_method)
     out = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in leaves)
