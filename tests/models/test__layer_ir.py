@@ -100,7 +100,8 @@ def test_ir_backward_does_not_depend_on_the_thread_count(monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
     """The backward's rows loops over slices of ``STATE_COLUMNS`` columns (q̄, k̄ carried in registers; v̄ and λ̄'s
-    row sums continued slice after slice), the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
+    row sums continued slice after slice; the gated layer's on half vectors, ``HALF_COLUMNS`` wide, or not:
+    ``HALF_LANES``), the token cotangent's ``Z_UNITS`` outputs a loop iteration (a tail
     after the loop), the projections' ``PROJECTION_ROWS`` rows an iteration and the weight-gradient tiles of
     ``W_ROWS`` × ``W_COLUMNS`` keep every chain's operands and order: one column, output and accumulator at a
     time, slices and tiles ending mid-row and single slices and tiles give the defaults' bits, for drift's layer
@@ -128,9 +129,10 @@ def test_loop_shapes_of_the_layer_kernels_change_no_bit(monkeypatch, dtype):
         return out
 
     outs = []
-    for shape in ({}, dict(STATE_COLUMNS=1, Z_UNITS=1, W_ROWS=1, W_COLUMNS=1, PROJECTION_ROWS=1),
-                  dict(STATE_COLUMNS=3, Z_UNITS=D, W_ROWS=2, W_COLUMNS=2, PROJECTION_ROWS=3),
-                  dict(STATE_COLUMNS=D, Z_UNITS=2, W_ROWS=3 * D, W_COLUMNS=D, PROJECTION_ROWS=D)):
+    for shape in ({}, dict(STATE_COLUMNS=1, Z_UNITS=1, W_ROWS=1, W_COLUMNS=1, PROJECTION_ROWS=1, HALF_COLUMNS=1),
+                  dict(STATE_COLUMNS=3, Z_UNITS=D, W_ROWS=2, W_COLUMNS=2, PROJECTION_ROWS=3, HALF_COLUMNS=3),
+                  dict(STATE_COLUMNS=D, Z_UNITS=2, W_ROWS=3 * D, W_COLUMNS=D, PROJECTION_ROWS=D, HALF_COLUMNS=D),
+                  dict(HALF_LANES=not _layer_ir.HALF_LANES)):
         for name, value in shape.items():
             monkeypatch.setattr(_layer_ir, name, value)
         _layer_ir.layer_kernels.cache_clear()
@@ -745,12 +747,12 @@ def test_float32_gated_kernels_give_the_same_bits_with_the_inline_or_the_called_
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [5, 16, 21])
+@pytest.mark.parametrize("n", [3, 5, 16, 21])
 def test_transposed_lane_sums_are_the_lane_by_lane_sums_bit_for_bit(dtype, n):
-    """The backward's weight-gradient sums over the lanes, 16 at a time through a transpose (``lane_sums``),
-    against the sum lane by lane in double (``lane_sum``, the numba kernels' order): the same bits, for a partial
-    group, one group and more, at an offset; values of mixed magnitude so that the order of the additions
-    shows."""
+    """The backward's weight-gradient sums over the lanes, four at a time through 4 × 4 transposes (``lane_sums``,
+    and ``lane_sums_loop``: four an iteration of a loop, the rest after it), against the sum lane by lane in double
+    (``lane_sum``, the numba kernels' order): the same bits, for a partial group, one group and more, at an offset;
+    values of mixed magnitude so that the order of the additions shows."""
     import ctypes
 
     from iclab._llvm import compile_function
@@ -759,22 +761,25 @@ def test_transposed_lane_sums_are_the_lane_by_lane_sums_bit_for_bit(dtype, n):
     rng = np.random.default_rng(n)
     X = (rng.standard_normal((n, L)) * 10.0 ** rng.integers(-6, 7, (n, L))).astype(dtype)
     outs = []
-    for fast in (True, False):
+    for way in ("lane_sum", "lane_sums", "lane_sums_loop"):
         ir = _layer_ir._Builder(dtype)
         ir.lines.append("define void @f(ptr noalias %X, ptr noalias %Y) {")
         ir.label("entry")
-        vecs = [ir.load("%X", i) for i in range(n)]
-        if fast:
-            ir.lane_sums(vecs, "%Y", 3)
+        if way == "lane_sums_loop":
+            ir.lane_sums_loop("%X", n, ir.gep("%Y", 3))
         else:
-            for i, v in enumerate(vecs):
+            vecs = [ir.load("%X", i) for i in range(n)]
+            if way == "lane_sums":
+                ir.lane_sums(vecs, "%Y", 3)
+            for i, v in enumerate(vecs if way == "lane_sum" else ()):
                 ir.lane_sum(v, "%Y", 3 + i)
         ir.emit("ret void")
         f = compile_function(ir.text(), "f", None, (ctypes.c_void_p, ctypes.c_void_p))
         Y = np.full(n + 6, np.nan, dtype)
         f(X.ctypes.data, Y.ctypes.data)
         outs.append(Y)
-    np.testing.assert_array_equal(outs[0], outs[1])
+    for other in outs[1:]:
+        np.testing.assert_array_equal(other, outs[0])
     assert np.isnan(outs[0][:3]).all() and np.isnan(outs[0][3 + n:]).all() and not np.isnan(outs[0][3:3 + n]).any()
     np.testing.assert_allclose(outs[0][3:3 + n], X.astype(np.float64).sum(axis=1), rtol=1e-6)
 

@@ -82,10 +82,19 @@ the forward 1.00-1.01 → 1.06-1.12 ms, the cost of the stores (+5 % with R in L
 prefetching R's lines for writing (no faster), computing q, k, v on the stack and copying them to R (the
 forward 1.16-1.20 ms), non-temporal stores to R (the backward 3.3-3.4 ms: R read back from memory). On 28 Nov
 the same idea saved ≈ 7 % of a layer and was dropped; the step's measurement is in the README.
+
+Since 29 Nov 15:40 the gated backward's rows loops run on half vectors (``HALF_LANES``: each slice of columns a loop
+per half of the lanes, 8 float32 a register, ``HALF_COLUMNS`` columns a slice), and the weight gradients' sums over
+the lanes go four at a time through 4 × 4 transposes in double, in a loop (``_Builder.lane_sums``,
+``lane_sums_loop``); the same bits (tested). One thread, 16 blocks, D = 16, T = 103, kept projections, alternated in
+one process in a noisy hour: the backward with z̄ 2.72-3.03 → 2.58-2.63 ms, without 2.19-2.25 → 2.05-2.10 ms. Tried
+and dropped (no faster): the forward's rows, the weight-gradient tiles and the read-out's token sums on half vectors;
+the gates of a block computed in a loop of their own before pass 1; q_t, k_t of a slice held in registers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -97,6 +106,9 @@ from iclab._llvm import compile_function, opaque
 from iclab.models._blocked import LANES, aligned_empty
 
 __all__ = ["gated_layer_kernels", "layer_kernels"]
+
+#: Lanes of a half vector (``_Builder.half``): 8 float32, one AVX2 register.
+HALF = LANES // 2
 
 _TYPES = {np.dtype(np.float32): ("float", "f32", ctypes.c_float), np.dtype(np.float64): ("double", "f64", ctypes.c_double)}
 
@@ -115,6 +127,7 @@ class _Builder:
                       f"declare {self.V} @llvm.rint.v{LANES}{suffix}({self.V})",
                       "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
         self.suffix, self.itemsize = suffix, np.dtype(dtype).itemsize
+        self.width, self.lane0 = LANES, 0  # vectors of `width` lanes from lane `lane0` of each slot (``half``)
         self._n = itertools.count()
         self._opaque = {}
         self._block = None
@@ -175,13 +188,14 @@ class _Builder:
         return r
 
     def load(self, base: str, slot) -> str:
-        """The vector at ``base`` + slot·LANES scalars (``slot`` a constant or an i64 value)."""
-        p, r = self.gep(base, self.affine(slot, LANES)), self.tmp()
+        """The vector at ``base`` + slot·LANES scalars (``slot`` a constant or an i64 value; within :meth:`half`,
+        its half)."""
+        p, r = self.gep(base, self.affine(slot, LANES, self.lane0)), self.tmp()
         self.emit(f"{r} = load {self.V}, ptr {p}, align 4")
         return r
 
     def store(self, value: str, base: str, slot) -> None:
-        p = self.gep(base, self.affine(slot, LANES))
+        p = self.gep(base, self.affine(slot, LANES, self.lane0))
         self.emit(f"store {self.V} {value}, ptr {p}, align 4")
 
     def prefetch(self, base: str, slots: int) -> None:
@@ -195,7 +209,32 @@ class _Builder:
     def splat(self, scalar: str) -> str:
         i, r = self.tmp(), self.tmp()
         self.emit(f"{i} = insertelement {self.V} undef, {self.ty} {scalar}, i32 0")
-        self.emit(f"{r} = shufflevector {self.V} {i}, {self.V} undef, <{LANES} x i32> zeroinitializer")
+        self.emit(f"{r} = shufflevector {self.V} {i}, {self.V} undef, <{self.width} x i32> zeroinitializer")
+        return r
+
+    @contextlib.contextmanager
+    def half(self, h: int):
+        """Within it, vectors are the lanes h·HALF … (h + 1)·HALF − 1 of each slot (HALF lanes: one AVX2 register
+        of float32, where a LANES vector takes two): every load, store and operation of the code emitted inside,
+        the same operations on half the lanes. A loop over the lanes' two halves so written keeps twice the values
+        in registers. (``_readout_ir._SubVectors`` indexes such sub-vectors explicitly, for register tiles.)"""
+        saved = self.V, self.fma_name, self.width, self.lane0
+        self.V, self.fma_name = f"<{HALF} x {self.ty}>", f"llvm.fma.v{HALF}{self.suffix}"
+        declare = f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})"
+        if declare not in self.lines:  # (``_readout_ir._SubVectors`` may have declared it)
+            self.lines.insert(0, declare)
+        self.width, self.lane0 = HALF, h * HALF
+        try:
+            yield
+        finally:
+            self.V, self.fma_name, self.width, self.lane0 = saved
+
+    def half_of(self, vector: str, h: int) -> str:
+        """Lanes h·HALF … (h + 1)·HALF − 1 of a LANES vector (emitted outside :meth:`half`)."""
+        r = self.tmp()
+        mask = ", ".join(f"i32 {h * HALF + i}" for i in range(HALF))
+        self.emit(f"{r} = shufflevector <{LANES} x {self.ty}> {vector}, <{LANES} x {self.ty}> undef, "
+                  f"<{HALF} x i32> <{mask}>")
         return r
 
     def weight(self, W: str, D: int, e, f, *, opaque: bool = True) -> str:
@@ -266,50 +305,70 @@ class _Builder:
 
     def lane_sums(self, vectors: list[str], base: str, offset) -> None:
         """base[offset + i] = :meth:`lane_sum` of ``vectors[i]`` (the same sums in the same order: the same bits),
-        16 at a time: the vectors transposed (four rounds of two-source shuffles), then added lane-parallel in
-        double, one lane per sum, instead of 16 extractions and additions per sum (a layer's backward ended with
-        ≈ 800 such sums per block: ≈ 14 µs, what 13 tokens cost)."""
-        ID = f"<{LANES} x double>"
-        for g0 in range(0, len(vectors), LANES):
-            group = list(vectors[g0:g0 + LANES])
+        four at a time in a vector of doubles: for each four lanes of the four vectors, their values widened to
+        double and transposed (4 × 4: a vector per lane, holding the four sums' values), then added to the four
+        sums lane after lane. For 16 sums, 267 instructions (LLVM's code for this AVX2 host) against 434, 100 of
+        them spills, when the 16 vectors were transposed 16 × 16 in float32 (a gated backward's ≈ 800 sums per
+        block went from ≈ 3.5 to ≈ 2 µs, D = 16, one thread)."""
+        D4 = "<4 x double>"
+        for g0 in range(0, len(vectors), 4):
+            group = list(vectors[g0:g0 + 4])
             n = len(group)
-            cur = group + ["zeroinitializer"] * (LANES - n)
-            h = LANES // 2
-            while h:  # swap the off-diagonal h × h blocks of every 2h × 2h block: after h = 1, the transpose
-                nxt = list(cur)
-                for i in range(LANES):
-                    if i & h:
-                        continue
-                    x, y = cur[i], cur[i + h]
-                    low = [l if not l & h else LANES + l - h for l in range(LANES)]
-                    high = [l + h if not l & h else LANES + l for l in range(LANES)]
-                    for j, mask in ((i, low), (i + h, high)):
-                        r = self.tmp()
-                        self.emit(f"{r} = shufflevector {self.V} {x}, {self.V} {y}, <{LANES} x i32> "
-                                  f"<{', '.join(f'i32 {m}' for m in mask)}>")
-                        nxt[j] = r
-                cur, h = nxt, h // 2
+            group += [group[-1]] * (4 - n)  # (sums not stored)
             acc = "zeroinitializer"  # 0.0 + x_0 + x_1 + …, as lane_sum
-            for t in cur:
-                if self.ty == "float":
-                    d = self.tmp()
-                    self.emit(f"{d} = fpext {self.V} {t} to {ID}")
-                    t = d
-                a = self.tmp()
-                self.emit(f"{a} = fadd {ID} {acc}, {t}")
-                acc = a
+            for c in range(0, LANES, 4):
+                quad = []
+                for v in group:
+                    x = self.tmp()
+                    self.emit(f"{x} = shufflevector {self.V} {v}, {self.V} undef, <4 x i32> "
+                              f"<i32 {c}, i32 {c + 1}, i32 {c + 2}, i32 {c + 3}>")
+                    if self.ty == "float":
+                        y = self.tmp()
+                        self.emit(f"{y} = fpext <4 x float> {x} to {D4}")
+                        x = y
+                    quad.append(x)
+
+                def shuffle(a, b, mask):
+                    r = self.tmp()
+                    self.emit(f"{r} = shufflevector {D4} {a}, {D4} {b}, <4 x i32> "
+                              f"<{', '.join(f'i32 {m}' for m in mask)}>")
+                    return r
+
+                t0, t1 = shuffle(quad[0], quad[1], (0, 4, 2, 6)), shuffle(quad[0], quad[1], (1, 5, 3, 7))
+                t2, t3 = shuffle(quad[2], quad[3], (0, 4, 2, 6)), shuffle(quad[2], quad[3], (1, 5, 3, 7))
+                for lane in (shuffle(t0, t2, (0, 1, 4, 5)), shuffle(t1, t3, (0, 1, 4, 5)),
+                             shuffle(t0, t2, (2, 3, 6, 7)), shuffle(t1, t3, (2, 3, 6, 7))):  # lanes c … c + 3
+                    a = self.tmp()
+                    self.emit(f"{a} = fadd {D4} {acc}, {lane}")
+                    acc = a
             if self.ty == "float":
                 r = self.tmp()
-                self.emit(f"{r} = fptrunc {ID} {acc} to {self.V}")
+                self.emit(f"{r} = fptrunc {D4} {acc} to <4 x float>")
                 acc = r
             p = self.gep(base, offset if g0 == 0 else self._offset(offset, g0))
-            if n == LANES:
-                self.emit(f"store {self.V} {acc}, ptr {p}, align 4")
+            if n == 4:
+                self.emit(f"store <4 x {self.ty}> {acc}, ptr {p}, align 4")
             else:
                 for i in range(n):
                     x = self.tmp()
-                    self.emit(f"{x} = extractelement {self.V} {acc}, i32 {i}")
+                    self.emit(f"{x} = extractelement <4 x {self.ty}> {acc}, i32 {i}")
                     self.emit(f"store {self.ty} {x}, ptr {self.gep(p, i)}")
+
+    def lane_sums_loop(self, src: str, n: int, base: str) -> None:
+        """base[i] = the sum of the lanes of vector i of ``src`` (i < n), as :meth:`lane_sums`: four sums an
+        iteration of a runtime loop, the rest after it (a gated backward's code 14.9 → 2.3 thousand instructions,
+        D = 16, when its ≈ 800 sums were straight-line code)."""
+        full = n - n % 4
+        if full:
+            name = f"ls{next(self._n)}"
+            self.emit(f"br label %{name}")
+            _loop_head(self, name, self._block, f"{name}.body", "0", 4, str(full))
+            i = f"%{name}.i"
+            self.lane_sums([self.load(src, self.affine(i, 1, k)) for k in range(4)], base, i)
+            self.emit(f"br label %{name}")
+            self.label(f"{name}.done")
+        if full < n:
+            self.lane_sums([self.load(src, k) for k in range(full, n)], base, full)
 
     def _offset(self, offset, add: int) -> str:
         if isinstance(offset, int):
@@ -345,9 +404,21 @@ Z_UNITS = 4
 STATE_COLUMNS = 2
 
 
-def _slices(D: int) -> list[tuple[int, int]]:
-    """The column slices [j0, j1) of the backward's rows loops (``STATE_COLUMNS`` wide, the last narrower)."""
-    return [(j0, min(D, j0 + STATE_COLUMNS)) for j0 in range(0, D, STATE_COLUMNS)]
+def _slices(D: int, halves: bool = False) -> list[tuple[int, int]]:
+    """The column slices [j0, j1) of the backward's rows loops (``STATE_COLUMNS`` wide, ``HALF_COLUMNS`` when the
+    loops run on half vectors; the last narrower)."""
+    c = HALF_COLUMNS if halves else STATE_COLUMNS
+    return [(j0, min(D, j0 + c)) for j0 in range(0, D, c)]
+
+
+#: Whether the gated backward's rows loops (both passes) run on half vectors (``_Builder.half``: 8 lanes, one
+#: register), each slice of columns a loop per half, ``HALF_COLUMNS`` columns a slice: the same operations per
+#: lane, in the same order (the same bits; tested). Half the registers per value, so the slices are wider. One
+#: thread, 16 blocks, D = 16, T = 103, kept projections, alternated in one process (29 Nov 2026): the backward
+#: with z̄ 2.67-2.72 → 2.52-2.68 ms, without 2.15-2.21 → 1.99-2.12 ms (2, 3, 6 and 8 columns: no faster than 4;
+#: the projections' forward and the weight-gradient tiles on half vectors: no faster).
+HALF_LANES = True
+HALF_COLUMNS = 4
 
 
 #: Vectors per token of the gated backward's scratch DA: ā_t, and g_t, 1 − g_t from pass 1 for pass 2.
@@ -641,7 +712,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     _loop_head(ir, "blk", "entry", "sum.done", "%first", 1, "%stop")
     ir.emit("%boff = mul i64 %blk.i, %T")
     ir.emit(f"%base = mul i64 %boff, {D * LANES}")
-    for i in range(2 * DD):
+    for i in range((1 if gated else 2) * DD):  # S, and X for λ̄
         ir.store(zero, "%ACC", i)
     ir.emit("br label %p1")
 
@@ -672,8 +743,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 
     # S_t's rows one loop iteration each (_rows_loop), over one slice of STATE_COLUMNS columns j at a time: k_t,
     # v_t[e], ō_t[e] read from memory, the slice's q̄_t[j] in the phis, stored after it
-    for j0, j1 in _slices(D):
-        def row(e, dq, j0=j0, j1=j1):
+    halves = HALF_LANES and gated
+    for j0, j1 in _slices(D, halves):
+        def row(e, dq, j0=j0, j1=j1, decay=decay):
             so, vo = ir.affine(e, D * LANES), ir.affine(e, LANES)
             kv = ir.opaque(sp)  # not the registers the projections left: they would crowd q̄ out
             Sr = ir.gep("%ACC", so)
@@ -685,9 +757,13 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
                 dq[n] = ir.fma(s, doe, dq[n])
             return dq
 
-        dq = _rows_loop(ir, f"p1r{j0}", ir._block, D, [zero] * (j1 - j0), row)
-        for n, j in enumerate(range(j0, j1)):
-            ir.store(dq[n], gp, j)
+        for h in (0, 1) if halves else (None,):
+            with ir.half(h) if halves else contextlib.nullcontext():
+                body = row if h is None else functools.partial(row, decay=ir.half_of(decay, h))
+                dq = _rows_loop(ir, f"p1r{j0}" + ("" if h is None else f"h{h}"), ir._block, D, [zero] * (j1 - j0),
+                                body)
+                for n, j in enumerate(range(j0, j1)):
+                    ir.store(dq[n], gp, j)
     if grad_z:  # z̄_t[f] = [ō_t[f] +] Σ_e W_Q[e, f] q̄_t[e], Z_UNITS f a loop iteration, q̄_t read from memory
 
         def zbar(units):
@@ -732,11 +808,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     # E_t's rows one loop iteration each, over one slice of STATE_COLUMNS columns j at a time: the slice's k̄_t[j]
     # in the phis (stored after it), v̄_t[e] = Σ_j E_t[e, j] k_t[j] (and λ̄'s row sum Σ_j X_t[e, j] k_t[j], in ACC's
     # slots 2D² + e) continued slice after slice in memory, λ̄'s sum over rows in the last slice's phis
-    slices = _slices(D)
-    for j0, j1 in slices:
+    for j0, j1 in _slices(D, halves):
         last = j1 == D
 
-        def row(e, carried, j0=j0, j1=j1, last=last):
+        def row(e, carried, j0=j0, j1=j1, last=last, decay=decay):
             so, vo = ir.affine(e, D * LANES), ir.affine(e, LANES)
             rp = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
             q = [ir.load(rp, j) for j in range(j0, j1)]
@@ -765,10 +840,13 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
             ir.store(ir.dot(new, k, None if j0 == 0 else ir.load(vp, 2 * D)), vp, 2 * D)  # v̄_t[e], so far
             return dk + out
 
-        init = [zero] * (j1 - j0) + (["%gl"] if grad_lam and last else [])
-        out = _rows_loop(ir, f"p2r{j0}", ir._block, D, init, row)
-        for n, j in enumerate(range(j0, j1)):
-            ir.store(out[n], gp, D + j)
+        init = [zero] * (j1 - j0) + (["%gl"] if grad_lam and last else [])  # (halves: gated, no λ̄)
+        for h in (0, 1) if halves else (None,):
+            with ir.half(h) if halves else contextlib.nullcontext():
+                body = row if h is None else functools.partial(row, decay=ir.half_of(decay, h))
+                out = _rows_loop(ir, f"p2r{j0}" + ("" if h is None else f"h{h}"), ir._block, D, init, body)
+                for n, j in enumerate(range(j0, j1)):
+                    ir.store(out[n], gp, D + j)
     gl = out[-1] if grad_lam else None
     gk = ir.opaque(gp)
     dk = [ir.load(gk, D + e) for e in range(D)]
@@ -859,8 +937,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.label("wc.latch")
     ir.emit("br label %wc")
     ir.label("wc.done")
-    for rho in range(3 * D):
-        ir.lane_sums([ir.load("%ACC", rho * D + f) for f in range(D)], wp, rho * D)
+    ir.lane_sums_loop("%ACC", 3 * DD, wp)  # W̄_i[e, f]'s accumulator is ACC's slot (i·D + e)·D + f
     if gated:
         ir.lane_sums([ir.load("%ACC", 3 * DD + f) for f in range(D)], gwp, 0)
     if grad_lam:

@@ -80,7 +80,9 @@ class _SubVectors:
         self.count = LANES // self.W
         self.V = f"<{self.W} x {ir.ty}>"
         self.fma_name = f"llvm.fma.v{self.W}{ir.suffix}"
-        ir.lines.insert(0, f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})")
+        declare = f"declare {self.V} @{self.fma_name}({self.V}, {self.V}, {self.V})"
+        if declare not in ir.lines:  # (``_Builder.half`` may have declared it)
+            ir.lines.insert(0, declare)
 
     def load(self, base: str, slot: int, h: int) -> str:
         p, r = self.ir.gep(base, slot * LANES + h * self.W), self.ir.tmp()
