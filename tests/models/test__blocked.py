@@ -69,3 +69,23 @@ def test_aligned_arrays_start_on_a_cache_line(dtype):
     for _ in range(8):
         keep += [_blocked.to_blocks(Z), _blocked.lanes(Z[:, 0], 2)]
         assert keep[-2].ctypes.data % _blocked.ALIGN == 0 and keep[-1].ctypes.data % _blocked.ALIGN == 0
+
+
+@pytest.mark.parametrize("B, T, positions", [(2 * _blocked.LANES + 5, 9, None), (3 * _blocked.LANES, 20, [19, 0, 7, 7]),
+                                             (_blocked.LANES, 1, None), (5, 4, [1, 3])])
+def test_the_ir_transposition_moves_the_same_values(B, T, positions, monkeypatch):
+    """float32 tokens of width LANES: the full blocks transposed in registers (``_take_ir_kernel``), the last partial
+    block by the element-wise kernel; the same array as the element-wise kernel alone, at every position choice, on
+    one thread and two, and every prompt in its lane."""
+    rng = np.random.default_rng(T)
+    Z = rng.standard_normal((B, T, _blocked.LANES)).astype(np.float32)
+    P = None if positions is None else np.asarray(positions, np.int64)
+    monkeypatch.setattr(_blocked, "IR_TAKE", False)
+    ref = _blocked.to_blocks(Z, positions=P)
+    monkeypatch.setattr(_blocked, "IR_TAKE", True)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(_blocked.to_blocks(Z, positions=P, threads=threads), ref)
+    take = Z if P is None else Z[:, P]
+    flat = np.moveaxis(ref, 3, 1).reshape(-1, take.shape[1], _blocked.LANES)
+    np.testing.assert_array_equal(flat[:B], take)
+    assert not flat[B:].any()
