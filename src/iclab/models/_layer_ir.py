@@ -230,7 +230,8 @@ class _Builder:
             self.V, self.fma_name, self.width, self.lane0 = saved
 
     def half_of(self, vector: str, h: int) -> str:
-        """Lanes h·HALF … (h + 1)·HALF − 1 of a LANES vector (emitted outside :meth:`half`)."""
+        """Lanes h·HALF … (h + 1)·HALF − 1 of a LANES vector (its types written out: the same inside :meth:`half`
+        and outside it)."""
         r = self.tmp()
         mask = ", ".join(f"i32 {h * HALF + i}" for i in range(HALF))
         self.emit(f"{r} = shufflevector <{LANES} x {self.ty}> {vector}, <{LANES} x {self.ty}> undef, "
