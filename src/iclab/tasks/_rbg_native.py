@@ -89,18 +89,8 @@ def words_of_state(words: np.ndarray, count: int) -> np.ndarray:
         (count,) uint32.
     """
     out = np.empty(count, np.uint32)
-    _fill(np.asarray(words, np.uint32), out)
+    _fill_keys(np.asarray(words, np.uint32).reshape(1, 4), out.reshape(1, -1))
     return out
-
-
-def _fill(words: np.ndarray, out: np.ndarray) -> None:
-    """out (uint32, C-contiguous, flat) = the first out.size words of the key ``words``."""
-    k0, k1, k2, k3 = (int(w) for w in words)
-    s0, s1 = k0 | (k1 << 32), k2 | (k3 << 32)
-    jobs = -(-out.size // 4)
-    if jobs:
-        run_split(_kernel(), jobs, round_keys(k0, k1), np.uint64(s1), np.uint64(s0), out,
-                  threads=min(thread_count(), max(1, jobs // 4096)))  # a small draw stays on one thread
 
 
 def _fill_keys(words: np.ndarray, out: np.ndarray) -> None:
@@ -120,7 +110,7 @@ def _fill_keys(words: np.ndarray, out: np.ndarray) -> None:
             rk, s1, s0 = state[i]
             kernel(rk, s1, s0, out[i], max(first - i * jobs, 0), min(stop - i * jobs, jobs))
 
-    run_split(run, keys * jobs, threads=min(thread_count(), max(1, keys * jobs // 4096)))
+    run_split(run, keys * jobs, threads=min(thread_count(), max(1, keys * jobs // 4096)))  # a small draw: one thread
 
 
 def _host_bits(words, *, out):
