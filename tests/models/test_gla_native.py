@@ -417,6 +417,56 @@ def test_the_grid_driver_is_the_per_member_python_bit_for_bit(L, monkeypatch):
         assert all(np.all(np.isfinite(a)) and np.any(a != 0) for a in ref)
 
 
+def _in_lanes(Z):
+    """Tokens (..., R, B, T, D) on the blocked layout (..., R, ⌈B/LANES⌉, T, D, LANES), the spare lanes zero."""
+    Z = np.asarray(Z)
+    *lead, R, B, T, D_ = Z.shape
+    nb = -(-B // _blocked.LANES)
+    padded = np.zeros((*lead, R, nb * _blocked.LANES, T, D_), Z.dtype)
+    padded[..., :B, :, :] = Z
+    return np.moveaxis(padded.reshape(*lead, R, nb, _blocked.LANES, T, D_), -3, -1)
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_blocked_prompts_give_the_bits_of_the_tokens(L, monkeypatch):
+    """multilayer_mse_grid on prompts drawn on the blocked layout (``blocked=True``, read in place by the grid
+    driver; converted back to tokens on the other paths) against the same prompts as tokens: loss and gradients
+    the same bits, under vmap over seeds, with one row of prompts or every row."""
+    Z, y = _tokens(3, 2 * _blocked.LANES + 5, 13, jnp.float32, key=67)
+    layers = [jax.tree_util.tree_map(lambda a: jnp.stack([a, 0.7 * a]), layer) for layer in _layers(L, jnp.float32)]
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+    pos, lens = native.subsequence_positions(KEEP)
+
+    def blocked(layers, Zb, y):
+        return native.multilayer_mse_grid(layers, Zb, y, positions=pos, lengths=lens, rows=ROWS, label=LABEL,
+                                          blocked=True)
+
+    rows_grad = jax.jit(jax.vmap(jax.value_and_grad(_weighted(_native_multilayer))))
+    blocked_grad = jax.jit(jax.vmap(jax.value_and_grad(_weighted(blocked))))
+    monkeypatch.setattr(native, "MODELS_PER_THREAD", 1)  # the driver on two threads for this small grid
+    for Zc in (Zs, Zs[:, :1]):
+        for driver in (True, False):
+            monkeypatch.setattr(native, "GRID_DRIVER", driver)
+            ref = jax.tree_util.tree_leaves(rows_grad(layers, Zc, ys))
+            got = jax.tree_util.tree_leaves(blocked_grad(layers, jnp.asarray(_in_lanes(Zc)), ys))
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="blocked prompts"):
+        blocked(_layers(L, jnp.float32), Z, y)
+    # prompts not on a 64-byte boundary (the kernels load aligned vectors): read through an aligned copy
+    monkeypatch.setattr(native, "GRID_DRIVER", True)
+    host = native._host_multilayer(LABEL, pos, lens, np.asarray(ROWS), True)
+    names = ("Wq", "Wk", "Wv", "w_g")
+    weights = [np.stack([np.asarray(layer[k]) for layer in _layers(L, jnp.float32)], axis=2) for k in names]
+    Zb = _blocked.aligned_empty(_in_lanes(Z).shape, np.float32)
+    Zb[...] = _in_lanes(Z)
+    shifted = np.empty(Zb.size + 1, np.float32)[1:].reshape(Zb.shape)
+    shifted[...] = Zb
+    assert shifted.ctypes.data % _blocked.ALIGN
+    for a, b in zip(host(shifted, np.asarray(y), *weights), host(Zb, np.asarray(y), *weights)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_multilayer_grid_runs_models_on_threads_with_the_same_bits(dtype, monkeypatch):
     """A grid with enough models runs whole models on the threads (each model's kernels on one); the result is the

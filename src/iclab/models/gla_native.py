@@ -1001,17 +1001,17 @@ def gated_layer(params: dict, Z: jax.Array) -> jax.Array:
 MODELS_PER_THREAD = 4
 
 
-def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
+def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, rows: np.ndarray, blocked: bool = False):
     """The callback of :func:`multilayer_mse_grid`, with or without a leading seed axis (vmap)."""
 
     def call(Z, y, Wq, Wk, Wv, wg):
-        batched = Z.ndim == 5
+        batched = Z.ndim == (6 if blocked else 5)
         dt = np.dtype(Z.dtype)
         arrs = [Z, y, Wq, Wk, Wv, wg]
         if not batched:
             arrs = [a[None] for a in arrs]
         Z, y, Wq, Wk, Wv, wg = (_readonly(a, dt) for a in arrs)
-        S, R, B, _, D = Z.shape
+        S, B, D = Z.shape[0], y.shape[-1], Z.shape[-2 if blocked else -1]
         M, G, L = Wq.shape[1:4]
         loss = np.empty((S, M, G), dt)
         grads = [np.zeros((S, M, G, L, D, D), dt) for _ in range(3)] + [np.zeros((S, M, G, L, D), dt)]
@@ -1020,8 +1020,11 @@ def _host_multilayer(label: int, positions: np.ndarray, lengths: np.ndarray, row
         threads = thread_count()
         if (dt == np.float32 and FLOAT32_LAYERS == "llvm" and GRID_DRIVER
                 and (threads == 1 or len(members) >= MODELS_PER_THREAD * threads)):
-            _driven_members(Z, y, Wq, Wk, Wv, wg, label, positions, lengths, rows, out, threads)
+            _driven_members(Z, y, Wq, Wk, Wv, wg, label, positions, lengths, rows, out, threads, blocked=blocked)
             return tuple(o if batched else o[0] for o in out)
+        if blocked:  # the paths below read the prompts as tokens
+            Z = np.stack([np.stack([_blocked.from_blocks(Zsr, B) for Zsr in Zs]) for Zs in Z])
+        R = Z.shape[1]
         prompts = None
         if dt == np.float32 and FLOAT32_LAYERS == "llvm":
             # each (seed, row)'s prompts on the blocked layout once, every n̄'s model reading its tokens at its
@@ -1072,29 +1075,40 @@ DRIVER_CHUNK = 2
 DRIVER_GUIDE = 4
 
 
-def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, out, threads: int) -> None:
+def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, out, threads: int, *,
+                    blocked: bool = False) -> None:
     """:func:`_host_multilayer`'s float32 grid by ``_grid_driver.run_members``: the operands prepared once for
     every member (the prompts of each (seed, row) blocked, the targets in lanes, the weights transposed as the
-    layer kernels read them), then the members, longest prompts first, claimed a few at a time by the threads."""
+    layer kernels read them), then the members, longest prompts first, claimed a few at a time by the threads.
+    ``blocked``: Z (S, R, ⌈B/LANES⌉, T, D, LANES) is on the blocked layout already (read in place)."""
     from iclab.models import _grid_driver
 
     loss, *grads = out
     dt = Z.dtype
-    S, RZ, B, TZ, D = Z.shape
+    S, RZ = Z.shape[:2]
+    B = y.shape[-1]
+    TZ, D = Z.shape[-3:-1] if blocked else Z.shape[-2:]
     R = y.shape[1]
     M, G, L = Wq.shape[1:4]
     nb = -(-B // _blocked.LANES)
-    pairs = sorted({(s, int(r) % RZ) for s in range(S) for r in rows})
-    pair_of = np.full((S, RZ), -1, np.int64)
-    for k, pair in enumerate(pairs):
-        pair_of[pair] = k
-    Zp = _blocked.aligned_empty((len(pairs), nb, TZ, D, _blocked.LANES), dt)
+    if blocked:
+        pair_of = np.arange(S * RZ, dtype=np.int64).reshape(S, RZ)
+        Zp = Z.reshape((S * RZ,) + Z.shape[2:])
+        if Zp.ctypes.data % _blocked.ALIGN:  # the kernels load whole aligned vectors
+            Zp = _blocked.aligned_empty(Zp.shape, dt)
+            Zp[...] = Z.reshape(Zp.shape)
+    else:
+        pairs = sorted({(s, int(r) % RZ) for s in range(S) for r in rows})
+        pair_of = np.full((S, RZ), -1, np.int64)
+        for k, pair in enumerate(pairs):
+            pair_of[pair] = k
+        Zp = _blocked.aligned_empty((len(pairs), nb, TZ, D, _blocked.LANES), dt)
 
-    def copy(first, stop):
-        for k in range(first, stop):
-            _blocked.to_blocks(Z[pairs[k]], out=Zp[k])
+        def copy(first, stop):
+            for k in range(first, stop):
+                _blocked.to_blocks(Z[pairs[k]], out=Zp[k])
 
-    run_split(copy, len(pairs), threads=threads)
+        run_split(copy, len(pairs), threads=threads)
     Yb = _blocked.aligned_empty((S, R, nb, _blocked.LANES), dt)
     Yb.reshape(S, R, -1)[:, :, B:] = 0
     Yb.reshape(S, R, -1)[:, :, :B] = y
@@ -1199,10 +1213,11 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
 
 
 @functools.cache
-def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple):
+def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple,
+                          blocked: bool = False):
     """The custom-VJP loss of one grid layout (cached: one traced function per layout)."""
     pos = np.frombuffer(positions, dtype=np.int64).reshape(pshape)
-    host = _host_multilayer(label, pos, np.asarray(lengths, np.int64), np.asarray(rows, np.int64))
+    host = _host_multilayer(label, pos, np.asarray(lengths, np.int64), np.asarray(rows, np.int64), blocked)
     names = ("Wq", "Wk", "Wv", "w_g")
 
     def call(layers, Z, y):
@@ -1234,7 +1249,7 @@ def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: 
 
 
 def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: np.ndarray, lengths: np.ndarray,
-                        rows, label: int) -> jax.Array:
+                        rows, label: int, blocked: bool = False) -> jax.Array:
     """Mean squared query errors of a (M, G) grid of L-layer residual scalar-gated GLAs (eq 25,
     ``gla.predict_multilayer``), each model's whole loss and gradient in the host call.
 
@@ -1251,20 +1266,25 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
         Z: (R, B, T_max, D) or (1, B, T_max, D) tokens (:func:`query_mse_grid`); y: (R, B) targets.
         positions, lengths, rows: the grid's layout (:func:`query_mse_grid`).
         label: index of the label coordinate.
+        blocked: Z is (R, ⌈B/LANES⌉, T_max, D, LANES), the prompts on the layer kernels' blocked layout
+            (``models._blocked``, the spare lanes zero), which the float32 grid reads without a copy.
     Returns:
         (M, G) losses in Z's dtype.
     """
     if any(gla.gating(p) != "scalar" or "h" in p for p in layers):
         raise ValueError("the multi-layer kernel computes scalar-gated layers without a head")
+    if blocked and (Z.ndim != 5 or Z.shape[-1] != _blocked.LANES or Z.shape[1] != -(-y.shape[-1] // _blocked.LANES)):
+        raise ValueError(f"blocked prompts must be (R, ⌈B/{_blocked.LANES}⌉, T, D, {_blocked.LANES}) for y's B "
+                         f"(got {Z.shape} for {y.shape})")
     positions = np.ascontiguousarray(positions, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     M, G = layers[0]["Wq"].shape[:2]
     if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
         raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
-    if np.any(positions >= Z.shape[-2]) or np.any(lengths > positions.shape[1]):
+    if np.any(positions >= Z.shape[-3 if blocked else -2]) or np.any(lengths > positions.shape[1]):
         raise ValueError("token positions out of the prompts' range")
-    _check_rows(rows, Z, y)
+    _check_rows(rows, jax.ShapeDtypeStruct(Z.shape[:-1], Z.dtype) if blocked else Z, y)
     fn = _multilayer_grid_loss(int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
-                               tuple(int(v) for v in rows))
+                               tuple(int(v) for v in rows), bool(blocked))
     return fn(list(layers), Z, y)

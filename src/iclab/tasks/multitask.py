@@ -24,8 +24,8 @@ import numpy as np
 
 from iclab.tasks._random import standard_normal
 
-__all__ = ["MultitaskPrompts", "joint_task_correlation", "padding_mask", "sample_blocks", "sample_correlated",
-           "sample_multitask", "take_blocks", "task_correlation_factor", "two_task_factor"]
+__all__ = ["MultitaskPrompts", "block_draw", "block_tasks", "joint_task_correlation", "padding_mask", "sample_blocks",
+           "sample_correlated", "sample_multitask", "take_blocks", "task_correlation_factor", "two_task_factor"]
 
 # Correlation matrices coming from user input are checked to this absolute tolerance.
 _CORR_TOL = 1e-10
@@ -114,6 +114,19 @@ def task_correlation_factor(R, r) -> np.ndarray:
     return (V * np.sqrt(np.clip(w, 0.0, None))) @ V.T
 
 
+def block_draw(key: jax.Array, B: int, block_sizes: Sequence[int], d: int, dtype=jnp.float64) -> jax.Array:
+    """:func:`sample_blocks`' one standard-normal draw: (B, (K+1)·d + (n+1)·(d+1)), the task normals G, the inputs
+    and the noise in that order (one draw: each random-number call site costs seconds of XLA compile on CPU)."""
+    K, n = len(block_sizes), sum(int(m) for m in block_sizes)
+    return standard_normal(key, (B, (K + 1) * d + (n + 1) * (d + 1)), dtype)
+
+
+def block_tasks(w: jax.Array, factor, K: int, d: int) -> jax.Array:
+    """The tasks [β_1 … β_K β] = L G (B, K+1, d) of :func:`sample_blocks`' draw ``w`` (B, W) and factor L."""
+    G = w[:, : (K + 1) * d].reshape(w.shape[0], K + 1, d)
+    return jnp.einsum("ij,bjd->bid", jnp.asarray(factor, w.dtype), G)
+
+
 def sample_blocks(key: jax.Array, B: int, block_sizes: Sequence[int], factor, Sigma_half=None, sigma=0.0,
                   d: int | None = None, dtype=jnp.float64) -> MultitaskPrompts:
     """Draws B block prompts given a task factor L (LLᵀ = C): the jittable core of the samplers.
@@ -140,12 +153,10 @@ def sample_blocks(key: jax.Array, B: int, block_sizes: Sequence[int], factor, Si
         d = Sigma_half.shape[0]
     if d is None:
         raise ValueError("d is required when Sigma_half is None")
-    # One draw for tasks, inputs and noise: each random-number call site costs seconds of XLA compile on CPU.
-    w = standard_normal(key, (B, (K + 1) * d + (n + 1) * (d + 1)), dtype)
-    G = w[:, : (K + 1) * d].reshape(B, K + 1, d)
+    w = block_draw(key, B, sizes, d, dtype)
     xs = w[:, (K + 1) * d: (K + 1) * d + (n + 1) * d].reshape(B, n + 1, d)
     eps = w[:, (K + 1) * d + (n + 1) * d:]
-    betas = jnp.einsum("ij,bjd->bid", jnp.asarray(factor, dtype), G)
+    betas = block_tasks(w, factor, K, d)
     if Sigma_half is not None:
         xs = xs @ jnp.asarray(Sigma_half, dtype)
     owner = np.repeat(np.arange(K), sizes)  # task of each context sample

@@ -54,9 +54,10 @@ from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param
 from iclab.experiments._plot import COLORS
 from iclab.models import get_model, model_families
-from iclab.models import gla, gla_native
+from iclab.models import _blocked, gla, gla_native
 from iclab.progress import task
 from iclab.tasks import multitask as mt
+from iclab.tasks import multitask_native
 from iclab.tasks import standard_normal
 from iclab.theory import wpgd as theory
 
@@ -423,8 +424,10 @@ def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Memb
                                                  lengths=lengths, rows=kind.panels, label=d)
         elif kind.family == "gla_multilayer":
             def native_loss(params, batch, settings):  # each model's whole loss in the host call
-                return gla_native.multilayer_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
-                                                      lengths=lengths, rows=kind.panels, label=d)
+                blocked = fmt + "_blocked" in batch["tokens"]  # the prompts drawn on the kernels' layout
+                return gla_native.multilayer_mse_grid(params, batch["tokens"][fmt + "_blocked" if blocked else fmt],
+                                                      batch["y"], positions=positions, lengths=lengths,
+                                                      rows=kind.panels, label=d, blocked=blocked)
         else:
             raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} and "
                              f"gla_multilayer (got {kind.family!r}); use kernel 'xla'")
@@ -442,6 +445,11 @@ def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Memb
                                         batch["tokens"][g][fmt][sel], batch["y"][sel]) for g in range(G)], axis=1)
 
     return Members(init, loss, member_ids(kind, panels, config.n_bars))
+
+
+#: Whether the native kernel's float32 batches of multi-layer models take their labels and blocked prompts from the
+#: compiled pass of :mod:`iclab.tasks.multitask_native` (gating.fig2's: the same bits as XLA's) instead of XLA's.
+NATIVE_TOKENS = True
 
 
 def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: int | None = None):
@@ -468,7 +476,22 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
     masks = {"delim": jnp.asarray(token_masks(n_max, n_bars, True), dt),
              "plain": jnp.asarray(token_masks(n_max, n_bars, False), dt)}
 
+    # the native kernel's float32 batch of multi-layer models (gating.fig2): the labels and the delimiter prompts in
+    # one compiled pass over the draw, on the layer kernels' blocked layout (read without a copy). The one-layer
+    # families keep XLA's batch: the labels' sums there are XLA's FMAs in sequence (its fusion differs), not the
+    # kernel's lanes, and the stored results are those bits.
+    block = _blocked.LANES if (NATIVE_TOKENS and config.kernel == "native" and dt == jnp.float32 and need == {"delim"}
+                               and all(kind.family == "gla_multilayer" for kind in kinds.values())) else 0
+
     def sampler(key, aux):
+        if block:
+            w = mt.block_draw(key, config.batch, [n_max] * K, d, dt)
+            G = multitask_native.task_normals(w, K, d)  # (w's one reader: XLA draws it in one pass)
+            tasks = jax.vmap(lambda L: mt.block_tasks(G, L, K, d))(factors)
+            tokens, y_query = multitask_native.block_tokens(
+                w, tasks, aux["contexts"], n_max=n_max, sigma=sigma, query_context=config.qc(), formats=tuple(need),
+                token_rows=1 if one_token_row else None, block=block)
+            return {"tokens": {"delim_blocked": tokens["delim"]}, "y": y_query}
         # one key for every panel: the panels share x and the task normals G
         pr = jax.vmap(lambda L: mt.sample_blocks(key, config.batch, [n_max] * K, L, None, sigma, d=d, dtype=dt))(factors)
         if padded or config.kernel == "native":  # one token tensor at n̄_max; smaller n̄ mask or skip samples
