@@ -83,6 +83,34 @@ def test_a_subset_trained_alone_follows_the_full_grid(clip_norm):
     np.testing.assert_allclose(alone.final_params["ridge"]["a"][0], f["ridge"]["a"][1], rtol=1e-12, atol=1e-14)
 
 
+def test_groups_sharing_a_joint_loss_are_computed_by_one_call_with_the_same_training():
+    """Two groups whose ``joint`` is one function: group_losses calls it once for both (the third group by its
+    loss), and the training equals the one without the joint function, bit for bit."""
+    calls = []
+    plain = dict(_two_groups(), third=_grid(np.array([8, 9]), [0.1, 0.2]))
+
+    def both(params, batch, settings):
+        calls.append(sorted(params))
+        return {name: plain[name].loss(params[name], batch, settings[name]) for name in params}
+
+    fused = {name: g._replace(joint=both) if name in ("ridge", "deep") else g for name, g in plain.items()}
+    keys = joint.seed_keys(5, 2)
+    params = {name: joint.init_members(g, keys[0][None], 1) for name, g in plain.items()}
+    params = jax.tree_util.tree_map(lambda a: a[0], params)
+    batch = _sampler(keys[0], {"w": AUX["w"][0]})
+    settings = {name: g.settings for name, g in plain.items()}
+    out = joint.group_losses(fused, params, batch, settings)
+    assert calls == [["deep", "ridge"]] and list(out) == ["ridge", "deep", "third"]
+    for name, g in plain.items():
+        np.testing.assert_array_equal(out[name], g.loss(params[name], batch, settings[name]))
+    common = dict(keys=keys, lr=0.02, n_steps=20, optimizer=optax.scale_by_adam(), clip_norm=0.5, record_every=10,
+                  aux=AUX)
+    a, b = (joint.train_members(groups, _sampler, **common) for groups in (plain, fused))
+    for x, y in zip(jax.tree_util.tree_leaves((a.final_params, a.loss, a.metrics)),
+                    jax.tree_util.tree_leaves((b.final_params, b.loss, b.metrics))):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_each_member_equals_the_sampled_engine_alone():
     """Member (0, 2) of the grid = the same model, init and batches trained by sampled.minibatch alone."""
     keys = joint.seed_keys(0, 2)

@@ -467,6 +467,45 @@ def test_blocked_prompts_give_the_bits_of_the_tokens(L, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.slow)])
+def test_grids_of_several_depths_in_one_call_give_each_grids_bits(dtype, monkeypatch):
+    """multilayer_mse_grids (grids of depth 1, 2, 3, one with other rows, in one host call: one queue of models on
+    the threads) against each grid's multilayer_mse_grid alone: losses and gradients the same bits, under vmap over
+    seeds, on the prompts as tokens and blocked, by the grid driver on 1 and 2 threads and by the other path."""
+    Z, y = _tokens(3, _blocked.LANES + 5, 13, dtype, key=68)
+    pos, lens = native.subsequence_positions(KEEP)
+    depths = [_layers(L, dtype, key=69 + L) for L in (1, 2, 3)]
+    depths = [[jax.tree_util.tree_map(lambda a: jnp.stack([a, 0.7 * a]), layer) for layer in ls] for ls in depths]
+    rows = [ROWS, ROWS, list(reversed(ROWS))]
+    Zs, ys = jnp.stack([Z, 0.5 * Z]), jnp.stack([y, -y])
+
+    def apart(grids, Z, y, blocked):
+        return [native.multilayer_mse_grid(ls, Z, y, positions=pos, lengths=lens, rows=r, label=LABEL,
+                                           blocked=blocked) for ls, r in zip(grids, rows)]
+
+    def together(grids, Z, y, blocked):
+        return native.multilayer_mse_grids([(ls, pos, lens, r) for ls, r in zip(grids, rows)], Z, y, label=LABEL,
+                                           blocked=blocked)
+
+    def total(fn, blocked):
+        w = jnp.arange(1.0, 7.0).reshape(2, 3)
+        return jax.jit(jax.vmap(jax.value_and_grad(
+            lambda g, Z, y: sum(jnp.sum(w * v) * (k + 1) for k, v in enumerate(fn(g, Z, y, blocked))))))
+
+    monkeypatch.setattr(native, "MODELS_PER_THREAD", 1)
+    for blocked in ((False, True) if dtype == jnp.float32 else (False,)):
+        Zc = jnp.asarray(_in_lanes(Zs)) if blocked else Zs
+        for threads, driver in ((2, True), (1, True), (2, False)):
+            monkeypatch.setattr(native, "thread_count", lambda n=threads: n)
+            monkeypatch.setattr(native, "GRID_DRIVER", driver)
+            ref = jax.tree_util.tree_leaves(total(apart, blocked)(depths, Zc, ys))
+            got = jax.tree_util.tree_leaves(total(together, blocked)(depths, Zc, ys))
+            assert len(got) == len(ref)
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(a, b)
+    assert all(np.any(np.asarray(a) != 0) for a in ref)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_multilayer_grid_runs_models_on_threads_with_the_same_bits(dtype, monkeypatch):
     """A grid with enough models runs whole models on the threads (each model's kernels on one); the result is the

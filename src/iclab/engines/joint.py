@@ -38,8 +38,8 @@ from iclab.engines._descent import Schedule, descend
 from iclab.engines._loop import Trajectory
 from iclab.progress import Reporter, task
 
-__all__ = ["Members", "clip_by_member_norm", "each_member", "init_members", "member_keys", "seed_keys",
-           "train_members"]
+__all__ = ["Members", "clip_by_member_norm", "each_member", "group_losses", "init_members", "member_keys",
+           "seed_keys", "train_members"]
 
 
 class Members(NamedTuple):
@@ -54,12 +54,41 @@ class Members(NamedTuple):
         ids: (*shape,) integers, the members' global indices in the grid (distinct across groups);
             they alone fix each member's init key.
         settings: a pytree with leading axes ``ids.shape`` (e.g. each member's λ), or None.
+        joint: None, or a function computing the losses of several groups in one call (e.g. one kernel call for
+            the grids of every depth): ``joint(params, batch, settings) -> losses``, each a dict over the groups
+            whose ``joint`` is this same function (:func:`group_losses`); each group's ``loss`` gives the same
+            values alone (a group trained without the others).
     """
 
     init: Callable[[jax.Array, Any], Any] | None
     loss: Callable[[Any, Any, Any], jax.Array]
     ids: np.ndarray
     settings: Any = None
+    joint: Callable[[dict, Any, dict], dict] | None = None
+
+
+def group_losses(groups: Mapping[str, Members], params: Mapping[str, Any], batch: Any,
+                 settings: Mapping[str, Any]) -> dict:
+    """Every group's member losses on one batch: name -> ``ids.shape`` losses; the groups sharing a ``joint``
+    function in one call of it, the others by their ``loss``.
+
+    Args:
+        groups: name -> :class:`Members`.
+        params, settings: name -> the group's params and settings (leading member axes).
+        batch: the shared batch.
+    Returns:
+        name -> losses, in the order of ``groups``.
+    """
+    out = {}
+    for name, g in groups.items():
+        if name in out:
+            continue
+        if g.joint is None:
+            out[name] = g.loss(params[name], batch, settings[name])
+            continue
+        names = [n for n, h in groups.items() if h.joint is g.joint]
+        out.update(g.joint({n: params[n] for n in names}, batch, {n: settings[n] for n in names}))
+    return {name: out[name] for name in groups}
 
 
 def each_member(loss_one: Callable[[Any, Any, Any], jax.Array], ndim: int = 1) -> Callable:
@@ -217,7 +246,7 @@ def train_members(
 
     def member_losses(params, state):
         batch = sampler(jax.random.fold_in(state.key, state.step), state.aux)
-        return {name: g.loss(params[name], batch, settings[name]) for name, g in groups.items()}
+        return group_losses(groups, params, batch, settings)
 
     def total(losses):
         return sum(jnp.sum(v) for v in losses.values())

@@ -1077,19 +1077,29 @@ DRIVER_GUIDE = 4
 
 def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, out, threads: int, *,
                     blocked: bool = False) -> None:
-    """:func:`_host_multilayer`'s float32 grid by ``_grid_driver.run_members``: the operands prepared once for
-    every member (the prompts of each (seed, row) blocked, the targets in lanes, the weights transposed as the
-    layer kernels read them), then the members, longest prompts first, claimed a few at a time by the threads.
-    ``blocked``: Z (S, R, ⌈B/LANES⌉, T, D, LANES) is on the blocked layout already (read in place)."""
+    """:func:`_host_multilayer`'s float32 grid by ``_grid_driver.run_members`` (:func:`_driven_grids` of one)."""
+    _driven_grids(Z, y, [(Wq, Wk, Wv, wg, positions, lengths, rows, out)], label, threads, blocked=blocked)
+
+
+def _driven_grids(Z, y, grids: list, label: int, threads: int, *, blocked: bool = False) -> None:
+    """Float32 grids of multi-layer models on the same prompts by ``_grid_driver.run_members``: the operands prepared
+    once (the prompts of each (seed, row) blocked, the targets in lanes; each grid's weights transposed as the layer
+    kernels read them), then every grid's members in one queue, claimed a few at a time by the threads: the deepest
+    grid first, each grid's longest prompts first (a member's cost is ∝ its full layers × T), so that the cheap
+    members end the queue where the threads must finish together.
+
+    Args:
+        Z: (S, R_Z, B, T, D) prompts, or (S, R_Z, ⌈B/LANES⌉, T, D, LANES) on the blocked layout (``blocked``: read
+            in place); y: (S, R, B) targets.
+        grids: (Wq, Wk, Wv, wg, positions, lengths, rows, out) per grid, as :func:`_host_multilayer`'s.
+    """
     from iclab.models import _grid_driver
 
-    loss, *grads = out
     dt = Z.dtype
     S, RZ = Z.shape[:2]
     B = y.shape[-1]
     TZ, D = Z.shape[-3:-1] if blocked else Z.shape[-2:]
     R = y.shape[1]
-    M, G, L = Wq.shape[1:4]
     nb = -(-B // _blocked.LANES)
     if blocked:
         pair_of = np.arange(S * RZ, dtype=np.int64).reshape(S, RZ)
@@ -1098,7 +1108,7 @@ def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, 
             Zp = _blocked.aligned_empty(Zp.shape, dt)
             Zp[...] = Z.reshape(Zp.shape)
     else:
-        pairs = sorted({(s, int(r) % RZ) for s in range(S) for r in rows})
+        pairs = sorted({(s, int(r) % RZ) for s in range(S) for grid in grids for r in grid[6]})
         pair_of = np.full((S, RZ), -1, np.int64)
         for k, pair in enumerate(pairs):
             pair_of[pair] = k
@@ -1118,17 +1128,23 @@ def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, 
         c[...] = a
         return c
 
-    WQt, WKt, WVt = (aligned(np.swapaxes(W, -1, -2)) for W in (Wq, Wk, Wv))
-    Wq_, Wk_, Wg_ = (aligned(W) for W in (Wq, Wk, wg))
-    U = aligned(Wv[:, :, :, -1, :, label])
-    loss_parts = np.empty((S, M, G, nb), dt)
-    order = sorted(((s, m, g) for s in range(S) for m in range(M) for g in range(G)),
-                   key=lambda mem: -int(lengths[mem[2]]))  # the longest prompts first: their cost is ∝ T
-    members = np.asarray(order, np.int64).reshape(-1, 3)
-    kw = dict(rows=rows, lengths=lengths, positions=positions, pair_of=pair_of, Zp=Zp, Yb=Yb, WQt=WQt, WKt=WKt,
-              WVt=WVt, Wq=Wq_, Wk=Wk_, U=U, Wg=Wg_, label=label, B=B, loss_parts=loss_parts, oq=grads[0],
-              ok=grads[1], ov=grads[2], og=grads[3])
-    chunk = len(members) if threads == 1 else DRIVER_CHUNK
+    queue, kws, parts = [], [], []  # queue: (grid, members in that grid's order)
+    for Wq, Wk, Wv, wg, positions, lengths, rows, out in sorted(grids, key=lambda grid: -grid[0].shape[3]):
+        loss, *grads = out
+        M, G = Wq.shape[1:3]
+        WQt, WKt, WVt = (aligned(np.swapaxes(W, -1, -2)) for W in (Wq, Wk, Wv))
+        Wq_, Wk_, Wg_ = (aligned(W) for W in (Wq, Wk, wg))
+        U = aligned(Wv[:, :, :, -1, :, label])
+        loss_parts = np.empty((S, M, G, nb), dt)
+        order = sorted(((s, m, g) for s in range(S) for m in range(M) for g in range(G)),
+                       key=lambda mem: -int(lengths[mem[2]]))  # the longest prompts first: their cost is ∝ T
+        queue += [(len(kws), i) for i in range(len(order))]
+        parts.append((loss, loss_parts))
+        kws.append((np.asarray(order, np.int64).reshape(-1, 3), dict(
+            rows=rows, lengths=lengths, positions=positions, pair_of=pair_of, Zp=Zp, Yb=Yb, WQt=WQt, WKt=WKt,
+            WVt=WVt, Wq=Wq_, Wk=Wk_, U=U, Wg=Wg_, label=label, B=B, loss_parts=loss_parts, oq=grads[0], ok=grads[1],
+            ov=grads[2], og=grads[3])))
+    chunk = len(queue) if threads == 1 else DRIVER_CHUNK
     claimed = [0]
     lock = threading.Lock()
 
@@ -1136,14 +1152,22 @@ def _driven_members(Z, y, Wq, Wk, Wv, wg, label: int, positions, lengths, rows, 
         while True:
             with lock:
                 i = claimed[0]
-                stop = min(i + max(chunk, (len(members) - i) // (DRIVER_GUIDE * threads)), len(members))
+                stop = min(i + max(chunk, (len(queue) - i) // (DRIVER_GUIDE * threads)), len(queue))
                 claimed[0] = stop
-            if i >= len(members):
+            if i >= len(queue):
                 return
-            _grid_driver.run_members(members, i, stop, **kw)
+            while i < stop:  # the claim's run of each grid
+                grid = queue[i][0]
+                j = i
+                while j < stop and queue[j][0] == grid:
+                    j += 1
+                members, kw = kws[grid]
+                _grid_driver.run_members(members, queue[i][1], queue[j - 1][1] + 1, **kw)
+                i = j
 
     run_split(worker, threads, threads=threads)
-    loss[...] = loss_parts.sum(axis=-1)  # blocks pairwise, as each member's lo.sum()
+    for loss, loss_parts in parts:
+        loss[...] = loss_parts.sum(axis=-1)  # blocks pairwise, as each member's lo.sum()
 
 
 def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int, positions, lengths, rows, out,
@@ -1248,6 +1272,117 @@ def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: 
     return loss
 
 
+def _host_multilayers(label: int, layouts: tuple, blocked: bool):
+    """The callback of :func:`multilayer_mse_grids`: the float32 grids in one queue on the threads
+    (:func:`_driven_grids`); elsewhere each grid as :func:`_host_multilayer` computes it alone."""
+    alone = [_host_multilayer(label, pos, lens, rows, blocked) for pos, lens, rows in layouts]
+
+    def call(Z, y, *weights):
+        per_grid = [weights[4 * k: 4 * k + 4] for k in range(len(layouts))]
+        batched = Z.ndim == (6 if blocked else 5)
+        dt = np.dtype(Z.dtype)
+        threads = thread_count()
+        members = sum(int(np.prod(W[0].shape[:-3])) for W in per_grid)  # (S,) M, G of each grid
+        if not (dt == np.float32 and FLOAT32_LAYERS == "llvm" and GRID_DRIVER
+                and (threads == 1 or members >= MODELS_PER_THREAD * threads)):
+            return tuple(o for fn, W in zip(alone, per_grid) for o in fn(Z, y, *W))
+        lead = (lambda a: a) if batched else (lambda a: a[None])
+        Zr, yr = (_readonly(lead(a), dt) for a in (Z, y))
+        grids, outs = [], []
+        for (pos, lens, rows), W in zip(layouts, per_grid):
+            Wq, Wk, Wv, wg = (_readonly(lead(a), dt) for a in W)
+            S, M, G, L, D = Wq.shape[:5]
+            out = (np.empty((S, M, G), dt),) + tuple(np.zeros((S, M, G, L, D, D), dt) for _ in range(3)) + (
+                np.zeros((S, M, G, L, D), dt),)
+            grids.append((Wq, Wk, Wv, wg, pos, lens, rows, out))
+            outs += [o if batched else o[0] for o in out]
+        _driven_grids(Zr, yr, grids, label, threads, blocked=blocked)
+        return tuple(outs)
+
+    return call
+
+
+@functools.cache
+def _multilayer_grids_loss(label: int, layouts: tuple, blocked: bool):
+    """The custom-VJP losses of grids on the same prompts (cached: one traced function per set of layouts)."""
+    arrays = tuple((np.frombuffer(pos, dtype=np.int64).reshape(pshape), np.asarray(lens, np.int64),
+                    np.asarray(rows, np.int64)) for pos, pshape, lens, rows in layouts)
+    host = _host_multilayers(label, arrays, blocked)
+    names = ("Wq", "Wk", "Wv", "w_g")
+
+    def call(grids, Z, y):
+        dt = Z.dtype
+        stacked, shapes = [], []
+        for layers in grids:
+            st = [jnp.stack([jnp.asarray(layer[k], dt) for layer in layers], axis=2) for k in names]  # (M, G, L, …)
+            stacked += st
+            shapes += [jax.ShapeDtypeStruct(st[0].shape[:2], dt)] + [jax.ShapeDtypeStruct(a.shape, dt) for a in st]
+        out = host_call(host, tuple(shapes), Z, y.astype(dt), *stacked, vmap_method="broadcast_all")
+        losses, grads = [], []
+        for n, layers in enumerate(grids):
+            o = out[5 * n: 5 * n + 5]
+            losses.append(o[0])
+            grads.append([{k: o[1 + i][:, :, l].astype(layers[l][k].dtype) for i, k in enumerate(names)}
+                          for l in range(len(layers))])
+        return losses, grads
+
+    @jax.custom_vjp
+    def loss(grids, Z, y):
+        return call(grids, Z, y)[0]
+
+    def fwd(grids, Z, y):
+        values, grads = call(grids, Z, y)
+        return values, (grads, Z, y)
+
+    def bwd(res, cts):
+        grads, Z, y = res
+        scaled = [[{k: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype) for k, g in layer.items()}
+                   for layer in grid] for grid, ct in zip(grads, cts)]
+        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
+
+    loss.defvjp(fwd, bwd)
+    return loss
+
+
+def multilayer_mse_grids(grids: list, Z: jax.Array, y: jax.Array, *, label: int, blocked: bool = False) -> list:
+    """:func:`multilayer_mse_grid` of several grids on the same prompts (e.g. one per depth) in one host call: their
+    members in one queue on the threads, the prompts prepared once (the same losses and gradients, bit for bit, as
+    each grid alone).
+
+    Args:
+        grids: (layers, positions, lengths, rows) per grid, each as :func:`multilayer_mse_grid`'s arguments.
+        Z, y, label, blocked: as :func:`multilayer_mse_grid`'s.
+    Returns:
+        the (M, G) losses of each grid, in Z's dtype.
+    """
+    layouts = []
+    for layers, positions, lengths, rows in grids:
+        positions, lengths, rows = _grid_layout(layers, Z, y, positions, lengths, rows, blocked)
+        layouts.append((positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
+                        tuple(int(v) for v in rows)))
+    fn = _multilayer_grids_loss(int(label), tuple(layouts), bool(blocked))
+    return fn([list(g[0]) for g in grids], Z, y)
+
+
+def _grid_layout(layers, Z, y, positions, lengths, rows, blocked: bool):
+    """A multi-layer grid's layout checked against its params and prompts: (positions, lengths, rows) as int64."""
+    if any(gla.gating(p) != "scalar" or "h" in p for p in layers):
+        raise ValueError("the multi-layer kernel computes scalar-gated layers without a head")
+    if blocked and (Z.ndim != 5 or Z.shape[-1] != _blocked.LANES or Z.shape[1] != -(-y.shape[-1] // _blocked.LANES)):
+        raise ValueError(f"blocked prompts must be (R, ⌈B/{_blocked.LANES}⌉, T, D, {_blocked.LANES}) for y's B "
+                         f"(got {Z.shape} for {y.shape})")
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    M, G = layers[0]["Wq"].shape[:2]
+    if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
+        raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
+    if np.any(positions >= Z.shape[-3 if blocked else -2]) or np.any(lengths > positions.shape[1]):
+        raise ValueError("token positions out of the prompts' range")
+    _check_rows(rows, jax.ShapeDtypeStruct(Z.shape[:-1], Z.dtype) if blocked else Z, y)
+    return positions, lengths, rows
+
+
 def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: np.ndarray, lengths: np.ndarray,
                         rows, label: int, blocked: bool = False) -> jax.Array:
     """Mean squared query errors of a (M, G) grid of L-layer residual scalar-gated GLAs (eq 25,
@@ -1271,20 +1406,7 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
     Returns:
         (M, G) losses in Z's dtype.
     """
-    if any(gla.gating(p) != "scalar" or "h" in p for p in layers):
-        raise ValueError("the multi-layer kernel computes scalar-gated layers without a head")
-    if blocked and (Z.ndim != 5 or Z.shape[-1] != _blocked.LANES or Z.shape[1] != -(-y.shape[-1] // _blocked.LANES)):
-        raise ValueError(f"blocked prompts must be (R, ⌈B/{_blocked.LANES}⌉, T, D, {_blocked.LANES}) for y's B "
-                         f"(got {Z.shape} for {y.shape})")
-    positions = np.ascontiguousarray(positions, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    M, G = layers[0]["Wq"].shape[:2]
-    if positions.shape[0] != G or lengths.shape != (G,) or rows.shape != (M,):
-        raise ValueError(f"positions, lengths and rows must describe the params' (M, G) = ({M}, {G}) grid")
-    if np.any(positions >= Z.shape[-3 if blocked else -2]) or np.any(lengths > positions.shape[1]):
-        raise ValueError("token positions out of the prompts' range")
-    _check_rows(rows, jax.ShapeDtypeStruct(Z.shape[:-1], Z.dtype) if blocked else Z, y)
+    positions, lengths, rows = _grid_layout(layers, Z, y, positions, lengths, rows, blocked)
     fn = _multilayer_grid_loss(int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
                                tuple(int(v) for v in rows), bool(blocked))
     return fn(list(layers), Z, y)

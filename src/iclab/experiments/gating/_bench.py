@@ -222,7 +222,7 @@ def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: 
     with the first), and the whole step in the preset's kernel, against ``floor_fn(config)``."""
     from iclab.experiments import get_experiment
     from iclab.experiments.gating import _common
-    from iclab.engines.joint import init_members, seed_keys
+    from iclab.engines.joint import group_losses, init_members, seed_keys
 
     preset = get_experiment(exp_id).resolve("paper", over)
     kinds = models(preset)
@@ -239,7 +239,8 @@ def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: 
         params = {name: init_members(g, keys, _common.INIT_STREAM) for name, g in groups.items()}
 
         def loss(p, batch_, groups=groups):
-            return sum(jnp.sum(g.loss(p[name], batch_, None)) for name, g in groups.items())
+            settings = {name: g.settings for name, g in groups.items()}
+            return sum(jnp.sum(v) for v in group_losses(groups, p, batch_, settings).values())
 
         sample = jax.jit(jax.vmap(sampler))
         batch0 = sample(step_keys, aux)

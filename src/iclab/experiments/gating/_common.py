@@ -452,6 +452,11 @@ def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Memb
 NATIVE_TOKENS = True
 
 
+#: Whether the native kernel computes the multi-layer grids of every depth in one host call (``Members.joint``:
+#: one queue of models on the threads, the prompts prepared once) rather than one call per depth; the same bits.
+JOINT_GRIDS = True
+
+
 def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: int | None = None):
     """The joint training's pieces: one Members group per kind, the step's sampler and the per-seed constants.
 
@@ -501,6 +506,19 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
         return {"tokens": [_tokens(pr, aux["contexts"], nb, n_max, config, need) for nb in n_bars], "y": pr.y_query}
 
     groups = {name: _members(config, kind, panels, masks, n_max) for name, kind in kinds.items()}
+    deep = [name for name, kind in kinds.items() if kind.family == "gla_multilayer" and _fmt(kind.family) == "delim"]
+    if JOINT_GRIDS and config.kernel == "native" and len(deep) > 1:
+        # the multi-layer grids (one per depth) in one host call: one queue of models on the threads
+        positions, lengths = native_positions(n_max, config.n_bars, True)
+
+        def joint(params, batch, settings):
+            blocked = "delim_blocked" in batch["tokens"]
+            grids = [(params[name], positions, lengths, kinds[name].panels) for name in params]
+            losses = gla_native.multilayer_mse_grids(grids, batch["tokens"]["delim_blocked" if blocked else "delim"],
+                                                     batch["y"], label=d, blocked=blocked)
+            return dict(zip(params, losses))
+
+        groups.update({name: groups[name]._replace(joint=joint) for name in deep})
     return groups, sampler, {"contexts": sample_contexts(config).astype(dt)}
 
 
