@@ -69,6 +69,26 @@ def test_native_bits_are_xlas_rng_bit_generator(monkeypatch):
                     jnp.asarray(words), width, shape), ref)
 
 
+def test_ir_blocks_are_numbas_blocks(monkeypatch):
+    """The Philox blocks of the IR kernel (eight per step) against numba's loop, its naive twin: any range of
+    blocks, a cut last block, counters whose low half wraps inside a step."""
+    from iclab.tasks import _rbg_native
+    from iclab.tasks._philox import round_keys
+
+    r = np.random.default_rng(7)
+    for lo in (0, 2**64 - 3, 2**64 - 20, int(r.integers(0, 2**63))):
+        rk, top = round_keys(0xDEADBEEF, 0x12345678), np.uint64(2**64 - 1 if lo else 12345)
+        for n, first, stop in ((101, 0, 26), (101, 3, 26), (96, 0, 24), (64, 5, 13), (7, 0, 2)):
+            outs = []
+            for ir in (False, True):
+                monkeypatch.setattr(_rbg_native, "IR_BLOCKS", ir)
+                out = np.zeros(n, np.uint32)
+                _rbg_native._blocks(rk, np.uint64(lo), top, out, first, stop)
+                outs.append(out)
+            np.testing.assert_array_equal(outs[1], outs[0])
+            assert np.any(outs[0][4 * first: 4 * min(stop, n // 4)] != 0)
+
+
 def test_native_bits_draw_the_same_normals_as_xlas(monkeypatch):
     """standard_normal with the kernel's bits and with XLA's RngBitGenerator: the same numbers in float32 and
     float64, for one key, under vmap (nested, jitted) and in a scan."""
