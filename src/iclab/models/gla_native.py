@@ -53,7 +53,7 @@ from iclab.models import _blocked, _layer_ir
 from iclab.models import gla
 from iclab.threads import run_split, thread_count
 
-__all__ = ["gated_layer", "multilayer_mse_grid", "query_mse_grid", "subsequence_positions"]
+__all__ = ["gated_layer", "multilayer_mse_grid", "multilayer_mse_grids", "query_mse_grid", "subsequence_positions"]
 
 #: Prompts per block: the block's tokens and per-token buffers stay in cache (T_max·D·CH floats each).
 CHUNK = 32

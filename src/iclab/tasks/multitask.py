@@ -115,14 +115,29 @@ def task_correlation_factor(R, r) -> np.ndarray:
 
 
 def block_draw(key: jax.Array, B: int, block_sizes: Sequence[int], d: int, dtype=jnp.float64) -> jax.Array:
-    """:func:`sample_blocks`' one standard-normal draw: (B, (K+1)·d + (n+1)·(d+1)), the task normals G, the inputs
-    and the noise in that order (one draw: each random-number call site costs seconds of XLA compile on CPU)."""
+    """:func:`sample_blocks`' one standard-normal draw: the task normals G, the inputs and the noise in that order
+    (one draw: each random-number call site costs seconds of XLA compile on CPU).
+
+    Args:
+        key: a raw PRNG key; B: batch size; block_sizes: (n_1, ..., n_K) (static); d: input dimension.
+        dtype: float dtype of the draw.
+    Returns:
+        (B, (K+1)·d + (n+1)·(d+1)) standard normals, n = Σ n_k.
+    """
     K, n = len(block_sizes), sum(int(m) for m in block_sizes)
     return standard_normal(key, (B, (K + 1) * d + (n + 1) * (d + 1)), dtype)
 
 
 def block_tasks(w: jax.Array, factor, K: int, d: int) -> jax.Array:
-    """The tasks [β_1 … β_K β] = L G (B, K+1, d) of :func:`sample_blocks`' draw ``w`` (B, W) and factor L."""
+    """The tasks [β_1 … β_K β] = L G of :func:`sample_blocks`' draw.
+
+    Args:
+        w: (B, W) the draw (:func:`block_draw`), or its first (K+1)·d columns.
+        factor: (K+1, K+1) L with LLᵀ = C (may be traced).
+        K: task blocks; d: input dimension.
+    Returns:
+        (B, K+1, d) tasks, w's dtype.
+    """
     G = w[:, : (K + 1) * d].reshape(w.shape[0], K + 1, d)
     return jnp.einsum("ij,bjd->bid", jnp.asarray(factor, w.dtype), G)
 

@@ -36,13 +36,25 @@ LANES = 8
 
 
 def draw_width(K: int, n: int, d: int) -> int:
-    """Normals per prompt of ``sample_blocks``' draw: (K+1)·d task normals, (n+1)·d inputs, n+1 noises."""
+    """Normals per prompt of ``sample_blocks``' draw: (K+1)·d task normals, (n+1)·d inputs, n+1 noises.
+
+    Args:
+        K: task blocks; n: context samples (K·n_max); d: input dimension.
+    Returns:
+        (K+1)·d + (n+1)·(d+1).
+    """
     return (K + 1) * d + (n + 1) * (d + 1)
 
 
 def label_sum(products: np.ndarray) -> np.ndarray:
-    """The labels' sum of the last axis of float32 ``products`` (..., d) in the order of the module docstring (the
-    naive twin of the kernel's; numpy, float32 throughout)."""
+    """The labels' sum of the last axis of float32 ``products`` in the order of the module docstring (the naive
+    twin of the kernel's; numpy, float32 throughout).
+
+    Args:
+        products: (..., d) the products x_{i,c} β_{k(i),c}, each rounded to float32.
+    Returns:
+        (...,) float32 sums.
+    """
     products = np.asarray(products, np.float32)
     d = products.shape[-1]
     lanes = np.zeros(products.shape[:-1] + (LANES,), np.float32)
@@ -176,6 +188,11 @@ def task_normals(w: jax.Array, K: int, d: int) -> jax.Array:
 
     Why not ``w[:, :(K+1)d]``: XLA then computes the draw's normals in three passes (its log1p and square root
     written out for two readers, the slice and the rest); with one reader of the whole draw, in one.
+
+    Args:
+        w: (B, W) the draw (leading vmapped axes allowed); K: task blocks; d: input dimension.
+    Returns:
+        (B, (K+1)·d) the task normals, w's dtype.
     """
     return host_call(_host_task_normals, jax.ShapeDtypeStruct(w.shape[:-1] + ((K + 1) * d,), w.dtype), w,
                      vmap_method="broadcast_all", writes_out=True)
