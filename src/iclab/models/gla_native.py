@@ -551,6 +551,32 @@ def _host(kind: str, label: int, positions: np.ndarray, lengths: np.ndarray, row
     return call
 
 
+def _loss_with_grads(call):
+    """A custom-VJP loss from ``call(params, Z, y) -> (losses, grads)``, which computes the gradients with the
+    losses (the host kernels' forward pass): the backward pass scales them by the losses' cotangent. ``losses`` is
+    one array and ``grads`` params' pytree, or both are lists (one entry per grid, params a list of grids)."""
+
+    def scale(grads, ct):
+        return jax.tree_util.tree_map(lambda g: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype),
+                                      grads)
+
+    @jax.custom_vjp
+    def loss(params, Z, y):
+        return call(params, Z, y)[0]
+
+    def fwd(params, Z, y):
+        values, grads = call(params, Z, y)
+        return values, (grads, Z, y)
+
+    def bwd(res, cts):
+        grads, Z, y = res
+        scaled = [scale(g, ct) for g, ct in zip(grads, cts)] if isinstance(cts, (list, tuple)) else scale(grads, cts)
+        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
+
+    loss.defvjp(fwd, bwd)
+    return loss
+
+
 @functools.cache
 def _grid_loss(kind: str, head: bool, label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple):
     """The custom-VJP loss of one grid layout (cached: one traced function per layout)."""
@@ -577,22 +603,7 @@ def _grid_loss(kind: str, head: bool, label: int, positions: bytes, pshape: tupl
             grads["h"] = out[5]
         return out[0], {name: grads[name].astype(params[name].dtype) for name in params}
 
-    @jax.custom_vjp
-    def loss(params, Z, y):
-        return call(params, Z, y)[0]
-
-    def fwd(params, Z, y):
-        value, grads = call(params, Z, y)
-        return value, (grads, Z, y)
-
-    def bwd(res, ct):
-        grads, Z, y = res
-        scaled = {name: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype)
-                  for name, g in grads.items()}
-        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
-
-    loss.defvjp(fwd, bwd)
-    return loss
+    return _loss_with_grads(call)
 
 
 def _check_rows(rows: np.ndarray, Z, y) -> None:
@@ -1236,42 +1247,6 @@ def _multilayer_member(Z, y, Wq, Wk, Wv, wg, s: int, m: int, g: int, label: int,
             grads[i][s, m, g, l] = gw[i]
 
 
-@functools.cache
-def _multilayer_grid_loss(label: int, positions: bytes, pshape: tuple, lengths: tuple, rows: tuple,
-                          blocked: bool = False):
-    """The custom-VJP loss of one grid layout (cached: one traced function per layout)."""
-    pos = np.frombuffer(positions, dtype=np.int64).reshape(pshape)
-    host = _host_multilayer(label, pos, np.asarray(lengths, np.int64), np.asarray(rows, np.int64), blocked)
-    names = ("Wq", "Wk", "Wv", "w_g")
-
-    def call(layers, Z, y):
-        dt = Z.dtype
-        stacked = [jnp.stack([jnp.asarray(layer[k], dt) for layer in layers], axis=2) for k in names]  # (M, G, L, …)
-        M, G = stacked[0].shape[:2]
-        shapes = (jax.ShapeDtypeStruct((M, G), dt),) + tuple(jax.ShapeDtypeStruct(a.shape, dt) for a in stacked)
-        out = host_call(host, shapes, Z, y.astype(dt), *stacked, vmap_method="broadcast_all")
-        grads = [{k: out[1 + i][:, :, l].astype(layers[l][k].dtype) for i, k in enumerate(names)}
-                 for l in range(len(layers))]
-        return out[0], grads
-
-    @jax.custom_vjp
-    def loss(layers, Z, y):
-        return call(layers, Z, y)[0]
-
-    def fwd(layers, Z, y):
-        value, grads = call(layers, Z, y)
-        return value, (grads, Z, y)
-
-    def bwd(res, ct):
-        grads, Z, y = res
-        scaled = [{k: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype) for k, g in layer.items()}
-                  for layer in grads]
-        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
-
-    loss.defvjp(fwd, bwd)
-    return loss
-
-
 def _host_multilayers(label: int, layouts: tuple, blocked: bool):
     """The callback of :func:`multilayer_mse_grids`: the float32 grids in one queue on the threads
     (:func:`_driven_grids`); elsewhere each grid as :func:`_host_multilayer` computes it alone."""
@@ -1326,22 +1301,7 @@ def _multilayer_grids_loss(label: int, layouts: tuple, blocked: bool):
                           for l in range(len(layers))])
         return losses, grads
 
-    @jax.custom_vjp
-    def loss(grids, Z, y):
-        return call(grids, Z, y)[0]
-
-    def fwd(grids, Z, y):
-        values, grads = call(grids, Z, y)
-        return values, (grads, Z, y)
-
-    def bwd(res, cts):
-        grads, Z, y = res
-        scaled = [[{k: g * ct.reshape(ct.shape + (1,) * (g.ndim - ct.ndim)).astype(g.dtype) for k, g in layer.items()}
-                   for layer in grid] for grid, ct in zip(grads, cts)]
-        return scaled, jnp.zeros_like(Z), jnp.zeros_like(y)
-
-    loss.defvjp(fwd, bwd)
-    return loss
+    return _loss_with_grads(call)
 
 
 def multilayer_mse_grids(grids: list, Z: jax.Array, y: jax.Array, *, label: int, blocked: bool = False) -> list:
@@ -1406,7 +1366,4 @@ def multilayer_mse_grid(layers: list, Z: jax.Array, y: jax.Array, *, positions: 
     Returns:
         (M, G) losses in Z's dtype.
     """
-    positions, lengths, rows = _grid_layout(layers, Z, y, positions, lengths, rows, blocked)
-    fn = _multilayer_grid_loss(int(label), positions.tobytes(), positions.shape, tuple(int(v) for v in lengths),
-                               tuple(int(v) for v in rows), bool(blocked))
-    return fn(list(layers), Z, y)
+    return multilayer_mse_grids([(layers, positions, lengths, rows)], Z, y, label=label, blocked=blocked)[0]
