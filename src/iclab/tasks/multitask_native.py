@@ -101,8 +101,9 @@ def fill(w, tasks, ctx, sigma, n_max, qc, delim, plain, yq, want_delim, want_pla
             tq = tasks[s, q, b]
             dq = delim[s, q if want_delim else 0, {'b // ' + str(BLOCK) if block else 'b'}]
             pq = plain[s, q if want_plain else 0, b]
+            k = 0 if q < rows and n > 0 else K  # sample i's block, counted (an integer division cost a third)
+            r = 0
             for i in range(0 if q < rows else n, n + 1):
-                k = i // n_max if i < n else K
                 base = xoff + i * d
                 tk = tq[k]
 {label}
@@ -130,6 +131,10 @@ def fill(w, tasks, ctx, sigma, n_max, qc, delim, plain, yq, want_delim, want_pla
                     for c in range(d):
                         pq[i, c] = ws[base + c]
                     pq[i, d] = y
+                r += 1
+                if r == n_max:
+                    r = 0
+                    k += 1
             if q < rows and want_delim:
                 for k in range(K):  # block k's delimiter: no input, no label, context k + 1
                     t = k * (n_max + 1) + n_max
