@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
+from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops, step_beside_peaks
 
 
 def test_compiled_flops_counts_a_product_as_2mnk():
@@ -14,6 +14,27 @@ def test_compiled_flops_counts_a_product_as_2mnk():
 
 def test_matmul_peak_is_a_positive_rate():
     assert 0.01 < matmul_peak_gflops(128, seconds=0.05) < 1e5  # GFLOP/s: from a slow CPU to a GPU
+
+
+def test_step_beside_peaks_pairs_each_round_with_the_faster_peak_beside_it():
+    """Rounds of known seconds between known peaks (a fake clock): each round's fraction uses the faster of the
+    peaks on either side of it, and the step reported is the median round, not the first or the mean."""
+    now, loops = [0.0], iter([0.6, 0.3, 0.9, 0.3, 0.3])  # seconds of each call of `run`
+    peaks = iter([100.0, 50.0, 200.0, 100.0, 100.0, 25.0])
+
+    def run():
+        now[0] += next(loops)
+
+    floor = 6e9  # flops per step; 3 steps a call: steps of 0.2, 0.1, 0.3, 0.1, 0.1 s
+    r = step_beside_peaks(run, steps=3, floor_flops=floor, rounds=5, peak=lambda: next(peaks), clock=lambda: now[0])
+    assert r["step_rounds_s"] == pytest.approx([0.2, 0.1, 0.3, 0.1, 0.1])
+    assert r["matmul_peak_gflops_at_step"] == [100.0, 50.0, 200.0, 100.0, 100.0, 25.0]
+    # GFLOP/s 30, 60, 20, 60, 60 against peaks max(100, 50), max(50, 200), 200, 100, 100
+    assert r["fraction_of_matmul_peak_step_rounds"] == pytest.approx([0.3, 0.3, 0.1, 0.6, 0.6])
+    assert r["fraction_of_matmul_peak_step"] == pytest.approx(0.3) and r["floor_ratio_step"] == pytest.approx(1 / 0.3)
+    assert r["step_s"] == pytest.approx(0.1) and r["achieved_gflops_step"] == pytest.approx(60.0)
+    with pytest.raises(ValueError, match="rounds"):
+        step_beside_peaks(run, steps=3, floor_flops=floor, rounds=0, peak=lambda: 1.0)
 
 
 def test_drift_floor_counts_each_model_by_its_layers():
@@ -33,7 +54,7 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
     gradient is at least the floor, in every form); the forms of fig2's full layers are one model."""
     from iclab.experiments.drift._bench import bench_drift
 
-    r = bench_drift(steps=1, batch=16)
+    r = bench_drift(steps=1, batch=16, rounds=2)
     assert (r["fig1"]["models"], r["fig1"]["full_layers"]) == (90, 0)
     assert (r["fig2"]["models"], r["fig2"]["full_layers"]) == (16, 15)
     assert {"xla", "native", "native_shared", "native_shared_twin"} <= set(r["fig1"]["forms"])  # fused and its twin
@@ -46,8 +67,8 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
                 assert f["xla_flops_loss_grad"] >= entry["floor_flops_per_step"], (name, form)
             assert f["grad_max_rel_diff"] < 1e-4, (name, form)  # float32 rounding of one model in two forms
         assert entry["step_s"] > 0 and 0 < entry["fraction_of_matmul_peak_step"]
-        assert entry["fraction_of_matmul_peak_step"] == entry["achieved_gflops_step"] / max(
-            entry["matmul_peak_gflops_at_step"])  # the peaks measured beside the step
+        assert len(entry["step_rounds_s"]) == 2 and len(entry["matmul_peak_gflops_at_step"]) == 3  # beside each round
+        assert entry["fraction_of_matmul_peak_step"] * entry["floor_ratio_step"] == pytest.approx(1.0)
     kernels = r["native_layer_kernels"]
     for name in ("layer_forward", "layer_backward", "blocked_forward", "blocked_backward_data",
                  "blocked_backward_stream", "ir_forward", "ir_backward_data", "ir_backward_stream"):
@@ -75,7 +96,7 @@ def test_gating_fig1_floor_counts_each_model_by_its_gating_and_length():
 def test_gating_fig1_paper_bench_floor_is_below_what_xla_executes_and_kernels_agree():
     from iclab.experiments.gating._bench import bench_fig1_paper
 
-    r = bench_fig1_paper(steps=1, seeds=2, batch=8)
+    r = bench_fig1_paper(steps=1, seeds=2, batch=8, rounds=1)
     assert r["models"] == 2 * 16 * 10 and r["step_kernel"] == "native"
     assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
     assert r["kernels"]["native"]["grad_max_rel_diff"] < 1e-4  # float32 rounding of one grid in two kernels
@@ -108,11 +129,11 @@ def test_gating_fig2_paper_bench_kernels_agree():
     from iclab.experiments.gating._bench import bench_fig2_paper
 
     # in float64 the two forms are the same function: agreement far below float32's epsilon is the kernels' check
-    exact = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5], dtype="float64")
+    exact = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5], dtype="float64", rounds=1)
     assert exact["kernels"]["native"]["grad_max_rel_diff"] < 1e-9 and exact["kernels"]["native"]["loss_rel_diff"] < 1e-9
-    r = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5])
+    r = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5], rounds=3)
     assert r["models"] == 2 * 3 * 2 and r["step_kernel"] == "native"
-    assert len(r["matmul_peak_gflops_at_step"]) == 2 and min(r["matmul_peak_gflops_at_step"]) > 0  # beside the step
+    assert len(r["matmul_peak_gflops_at_step"]) == 4 and min(r["matmul_peak_gflops_at_step"]) > 0  # beside the rounds
     assert r["kernels"]["xla"]["xla_flops_loss_grad"] >= r["floor_flops_per_step"]
     # the paper's float32: each form rounds differently through up to three cubic layers and T-long sums (measured
     # 2e-5 in the loss, 1.3e-4 in the gradients at batch 8); a wrong kernel is caught above, this bounds the

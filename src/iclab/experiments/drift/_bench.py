@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
+from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops, step_beside_peaks
 from iclab.experiments.drift import _common
 from iclab.models import gla_forget as gla
 from iclab.tasks.drift import sample_drift_prompts, tokens
@@ -97,7 +97,7 @@ def _timed(fn, *args, repeats: int = 2) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
+def _setting(which: str, batch: int | None, steps: int, forms, rounds: int = 5) -> dict:
     from iclab.experiments import get_experiment
 
     config = get_experiment(f"drift.{which}").resolve("paper", {} if batch is None else {"batch": batch})
@@ -187,12 +187,9 @@ def _setting(which: str, batch: int | None, steps: int, forms) -> dict:
     start = time.perf_counter()
     jax.block_until_ready(run(params, key, steps))
     out["compile_and_first_call_s"] = time.perf_counter() - start
-    peaks = [matmul_peak_gflops(seconds=0.6)]  # beside the step: the VM's speed drifts within minutes
-    start = time.perf_counter()
-    jax.block_until_ready(run(params, jax.random.PRNGKey(1), steps))
-    out["step_s"] = (time.perf_counter() - start) / steps
-    out["matmul_peak_gflops_at_step"] = peaks + [matmul_peak_gflops(seconds=0.6)]
-    out["achieved_gflops_step"] = floor / out["step_s"] / 1e9
+    # in rounds, each beside its own peaks: the VM's speed drifts within minutes
+    out.update(step_beside_peaks(lambda: jax.block_until_ready(run(params, jax.random.PRNGKey(1), steps)),
+                                 steps=steps, floor_flops=floor, rounds=rounds))
     out["paper_steps"] = config.steps
     out["training_estimate_s"] = config.steps * out["step_s"]
     return out
@@ -268,7 +265,7 @@ def _callback_roofline(G: int, K: int, B: int, T: int, D: int) -> dict:
 
 
 def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str, ...] = ("parallel", "native"),
-                fig1_kernels: tuple[str, ...] = ("xla", "native")) -> dict:
+                fig1_kernels: tuple[str, ...] = ("xla", "native"), rounds: int = 5) -> dict:
     """Roofline of drift.fig1's and drift.fig2's paper training steps (module docstring).
 
     Args:
@@ -277,18 +274,19 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
         fig2_forms: forms of fig2's full layers, timed side by side and compared with the first.
         fig1_kernels: kernels of fig1's models (``TrainConfig.kernel``), timed side by side and compared with the
             first. The step loops use the paper presets' kernel (native: the read-out kernel, the native form).
+        rounds: timed loops of each whole step, each beside its own peaks (``_roofline.step_beside_peaks``).
     Returns:
         JSON-able dict: per setting the floor flops, sampling / loss-and-gradient / step seconds, achieved GFLOP/s
         and their fraction of the matmul peak, XLA's counts, the forms' agreement; the compiled layer kernels
         alone (``native_layer_kernels``: seconds, GFLOP/s, fraction of the peak); fig1's read-out kernel alone, through
         ``host_call`` and through ``jax.pure_callback`` (``readout_callback``: seconds per call); the peak (measured
-        before and after the settings, the larger used; a whole step's fraction against the larger of two measured
-        just before and after it, ``matmul_peak_gflops_at_step``); load and device.
+        before and after the settings, the larger used; a whole step's in ``rounds`` timed loops, each against the
+        peaks measured beside it, ``matmul_peak_gflops_at_step``: ``_roofline.step_beside_peaks``); load and device.
     """
     load_before = os.getloadavg()
     peaks = [matmul_peak_gflops()]
-    out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels)),
-           "fig2": _setting("fig2", batch, steps, tuple(fig2_forms))}
+    out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels), rounds),
+           "fig2": _setting("fig2", batch, steps, tuple(fig2_forms), rounds)}
     peaks.append(matmul_peak_gflops())
     peak = max(peaks)  # the faster of the two: this VM's speed drifts, and a slow reading would flatter the fractions
     kernels = _kernel_roofline(out["fig2"]["batch"], out["fig2"]["T"], out["fig2"]["D"])
@@ -297,9 +295,7 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
     out["native_layer_kernels"] = kernels
     f1 = out["fig1"]
     out["readout_callback"] = _callback_roofline(f1["G"], f1["models"] // f1["G"], f1["batch"], f1["T"], f1["D"])
-    for entry in (out["fig1"], out["fig2"]):
-        # the step against the faster of the peaks measured just before and after it
-        entry["fraction_of_matmul_peak_step"] = entry["achieved_gflops_step"] / max(entry["matmul_peak_gflops_at_step"])
+    for entry in (out["fig1"], out["fig2"]):  # (its whole step against the peaks beside it: ``step_beside_peaks``)
         for f in entry["forms"].values():
             f["fraction_of_matmul_peak"] = f["achieved_gflops"] / peak
     return {

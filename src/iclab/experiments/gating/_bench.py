@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops
+from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops, step_beside_peaks
 from iclab.experiments._timing import steps_fn, time_first_and_second_call
 from iclab.experiments.gating._common import K
 from iclab.models import gla
@@ -92,8 +92,8 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         the roofline figures (module docstring), the largest relative difference of loss and gradient between the
         forms, gating.fig1's and gating.fig2's paper steps (``fig1_paper``, ``fig2_paper``: :func:`bench_fig1_paper`,
         :func:`bench_fig2_paper`, with fractions of the peak: the larger of two measurements, before and after the
-        paper steps; a whole step's against the larger of two measured just before and after it,
-        ``matmul_peak_gflops_at_step``), load and device.
+        paper steps; a whole step's in rounds against the peaks measured beside each, ``matmul_peak_gflops_at_step``:
+        ``_roofline.step_beside_peaks``), load and device.
     """
     load_before = os.getloadavg()
     dtype = jnp.float32
@@ -134,9 +134,7 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
         entry["floor_flops_per_step"] = S * batch * floor_per_prompt
         entry["achieved_gflops"] = entry["floor_flops_per_step"] / entry["s_per_step"] / 1e9
         entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
-    for paper in papers.values():
-        # the step against the faster of the peaks measured just before and after it
-        paper["fraction_of_matmul_peak_step"] = paper["achieved_gflops_step"] / max(paper["matmul_peak_gflops_at_step"])
+    for paper in papers.values():  # (its whole step against the peaks beside it: ``step_beside_peaks``)
         for entry in paper["kernels"].values():
             entry["fraction_of_matmul_peak"] = entry["achieved_gflops"] / peak
     roofline = {"matmul_peak_gflops_f32": peak, "matmul_peak_gflops_f32_before_after": peaks, "floor_flops_per_prompt": floor_per_prompt,
@@ -217,9 +215,11 @@ def _timed(fn, *args, repeats: int = 2) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: tuple[str, ...]) -> dict:
+def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: tuple[str, ...],
+                rounds: int = 5) -> dict:
     """A gating paper preset's training step (module docstring): sampling, loss and gradient per kernel (compared
-    with the first), and the whole step in the preset's kernel, against ``floor_fn(config)``."""
+    with the first), and the whole step in the preset's kernel, against ``floor_fn(config)`` (``rounds`` timed
+    loops, each beside its own peaks: :func:`iclab.experiments._roofline.step_beside_peaks`)."""
     from iclab.experiments import get_experiment
     from iclab.experiments.gating import _common
     from iclab.engines.joint import group_losses, init_members, seed_keys
@@ -277,20 +277,17 @@ def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: 
     start = time.perf_counter()
     jax.block_until_ready(run(params, step_keys, aux, steps))
     out["compile_and_first_call_s"] = time.perf_counter() - start
-    peaks = [matmul_peak_gflops(seconds=0.6)]  # beside the step: the VM's speed drifts within minutes
-    start = time.perf_counter()
-    jax.block_until_ready(run(params, keys, aux, steps))
     out["step_kernel"] = preset.kernel
-    out["step_s"] = (time.perf_counter() - start) / steps
-    out["matmul_peak_gflops_at_step"] = peaks + [matmul_peak_gflops(seconds=0.6)]
-    out["achieved_gflops_step"] = floor / out["step_s"] / 1e9
+    # in rounds, each beside its own peaks: the VM's speed drifts within minutes
+    out.update(step_beside_peaks(lambda: jax.block_until_ready(run(params, keys, aux, steps)), steps=steps,
+                                 floor_flops=floor, rounds=rounds))
     out["paper_steps"] = preset.steps
     out["training_estimate_s"] = preset.steps * out["step_s"]
     return out
 
 
 def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
-                     kernels: tuple[str, ...] = ("xla", "native"), dtype: str | None = None) -> dict:
+                     kernels: tuple[str, ...] = ("xla", "native"), dtype: str | None = None, rounds: int = 5) -> dict:
     """gating.fig1's paper training step against its floor (module docstring).
 
     Args:
@@ -298,21 +295,23 @@ def bench_fig1_paper(steps: int = 3, seeds: int | None = None, batch: int | None
         seeds, batch: the preset's (10, 256) unless set (smaller only to test the benchmark).
         kernels: the kernels whose summed loss and gradient are timed side by side (and compared with the first).
         dtype: the preset's training dtype (float32) unless set; float64 makes the kernels' comparison exact.
+        rounds: timed loops of the whole step, each beside its own peaks (``_roofline.step_beside_peaks``).
     Returns:
         JSON-able dict: models, floor flops per step, sampling / loss-and-gradient seconds per kernel (with their
-        agreement), the whole step in the preset's kernel, achieved GFLOP/s, XLA's count of its own loss and
-        gradient, the training estimate at the paper's steps.
+        agreement), the whole step in the preset's kernel (each round's seconds, the peaks beside them, its
+        fractions of the peak; the median round's, and its floor ratio), achieved GFLOP/s, XLA's count of its own
+        loss and gradient, the training estimate at the paper's steps.
     """
     from iclab.experiments.gating.fig1 import _models
 
     over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("dtype", dtype)) if v is not None}
     return _paper_step("gating.fig1", _models, lambda c: fig1_floor_flops_per_step(c, _models(c)), steps, over,
-                       kernels)
+                       kernels, rounds)
 
 
 def bench_fig2_paper(steps: int = 3, seeds: int | None = None, batch: int | None = None,
                      n_bars: list[int] | None = None, kernels: tuple[str, ...] = ("xla", "native"),
-                     dtype: str | None = None) -> dict:
+                     dtype: str | None = None, rounds: int = 5) -> dict:
     """gating.fig2's paper training step against its floor (module docstring); arguments as
     :func:`bench_fig1_paper`, ``n_bars`` a subset of the grid (e.g. one shard's; the draw stays at the grid's
     largest n̄ only when that n̄ is in the subset).
@@ -324,4 +323,4 @@ def bench_fig2_paper(steps: int = 3, seeds: int | None = None, batch: int | None
 
     over = {k: v for k, v in (("seeds", seeds), ("batch", batch), ("n_bars", n_bars), ("dtype", dtype))
             if v is not None}
-    return _paper_step("gating.fig2", _models, fig2_floor_flops_per_step, steps, over, kernels)
+    return _paper_step("gating.fig2", _models, fig2_floor_flops_per_step, steps, over, kernels, rounds)
