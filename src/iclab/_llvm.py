@@ -23,7 +23,7 @@ import hashlib
 import platform
 import threading
 
-__all__ = ["compile_function", "denormals_flushed", "opaque", "restore_denormals"]
+__all__ = ["compile_function", "denormals_flushed", "opaque", "restore_denormals", "wide_registers"]
 
 _ENGINES: dict[str, object] = {}  # keeps each module's machine code alive for the life of the process
 # LLVM's global context is not thread-safe, and two host callbacks of one jitted step may ask for kernels at once
@@ -39,6 +39,17 @@ def _target_machine():
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
                                         features=llvm.get_host_cpu_features().flatten(), opt=3)
+
+
+@functools.cache
+def wide_registers() -> bool:
+    """Whether this CPU has AVX-512: 32 vector registers of 512 bits, so that a vector of 16 float32 (the layer
+    kernels' ``LANES``) is one register, where AVX2's 16 registers of 256 bits take two for it. The kernels are
+    compiled for this CPU, and their register tiles are sized for the registers it has
+    (``iclab.models._layer_ir``)."""
+    import llvmlite.binding as llvm
+
+    return bool(llvm.get_host_cpu_features().get("avx512f", False))
 
 
 def compile_function(text: str, name: str, restype, argtypes: tuple):

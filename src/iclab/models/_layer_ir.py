@@ -90,6 +90,17 @@ the lanes go four at a time through 4 × 4 transposes in double, in a loop (``_B
 one process in a noisy hour: the backward with z̄ 2.72-3.03 → 2.58-2.63 ms, without 2.19-2.25 → 2.05-2.10 ms. Tried
 and dropped (no faster): the forward's rows, the weight-gradient tiles and the read-out's token sums on half vectors;
 the gates of a block computed in a loop of their own before pass 1; q_t, k_t of a slice held in registers.
+
+The register tiles above were sized on an AVX2 host (Zen 3: 16 registers of 8 float32). On 29 Nov 2026 (23:00) this
+VM ran on an AVX-512 host (Zen 4: 32 registers of 16 float32, a LANES vector in one), and LLVM, compiling for the
+CPU it runs on, keeps a LANES vector in one register there. The sizes that depend on the register file now follow it
+(``iclab._llvm.wide_registers``): with AVX-512 the gated backward's rows loops run on whole vectors
+(``HALF_LANES``) and both backwards update 4 columns of the state a slice (``STATE_COLUMNS``); the same bits
+(tested with both shapes). Their effect there, one thread, 16 blocks, the median of 40 rounds' ratios with the
+variants' order rotated each round: gating's backward (D = 16, T = 103, kept) 0.93-0.94× the time with z̄ and 0.97×
+without, drift's (D = 11, T = 101) 0.935×. Tried there and not kept: the read-out's token sums per half and 8 or 4
+features a loop (``_token_sums``: 1.4× slower, its 16 accumulators of 16 lanes fit the registers); 8 and 16
+columns; weight-gradient tiles 2 × 8, 3 × 8, 2 × 12, 1 × 16 (within 2 % of 1 × 6).
 """
 
 from __future__ import annotations
@@ -102,7 +113,7 @@ import threading
 
 import numpy as np
 
-from iclab._llvm import compile_function, opaque
+from iclab._llvm import compile_function, opaque, wide_registers
 from iclab.models._blocked import LANES, aligned_empty
 
 __all__ = ["gated_layer_kernels", "layer_kernels"]
@@ -399,10 +410,13 @@ Z_UNITS = 4
 
 
 #: Columns of S_t (E_t) a rows loop of the backward's passes updates, its q̄_t (k̄_t) entries carried in registers:
-#: all D carried spilled on this AVX2 machine (16 registers of 8 float32; a LANES vector of 16 takes two). In a
+#: all D carried spilled on an AVX2 machine (16 registers of 8 float32; a LANES vector of 16 takes two). In a
 #: slow hour (one thread, 16 blocks, T = 103 / 101, alternated in one process) the gated backward took 4.8-5.1 ms
 #: with 2 columns, 4.9-5.0 with 3, 5.0-5.4 with 4, 5.4-5.8 with all 16 (D = 16); 2.2 against 2.6-2.7 ms (D = 11).
-STATE_COLUMNS = 2
+#: With AVX-512 (``wide_registers``: 32 registers, a LANES vector in one) 4 columns: drift's backward (D = 11, T = 101,
+#: 16 blocks, one thread; the median of 40 rounds' ratios, the variants' order rotated each round, 29 Nov 2026, a Zen 4
+#: host) took 0.935× the time of 2 columns, 1.02× with 8 and 1.18× with all 11; gating's below (``HALF_LANES``).
+STATE_COLUMNS = 4 if wide_registers() else 2
 
 
 def _slices(D: int, halves: bool = False) -> list[tuple[int, int]]:
@@ -412,13 +426,17 @@ def _slices(D: int, halves: bool = False) -> list[tuple[int, int]]:
     return [(j0, min(D, j0 + c)) for j0 in range(0, D, c)]
 
 
-#: Whether the gated backward's rows loops (both passes) run on half vectors (``_Builder.half``: 8 lanes, one
+#: Whether the gated backward's rows loops (both passes) run on half vectors (``_Builder.half``: 8 lanes, one AVX2
 #: register), each slice of columns a loop per half, ``HALF_COLUMNS`` columns a slice: the same operations per
 #: lane, in the same order (the same bits; tested). Half the registers per value, so the slices are wider. One
-#: thread, 16 blocks, D = 16, T = 103, kept projections, alternated in one process (29 Nov 2026): the backward
+#: thread, 16 blocks, D = 16, T = 103, kept projections, alternated in one process (29 Nov 2026, AVX2): the backward
 #: with z̄ 2.67-2.72 → 2.52-2.68 ms, without 2.15-2.21 → 1.99-2.12 ms (2, 3, 6 and 8 columns: no faster than 4;
-#: the projections' forward and the weight-gradient tiles on half vectors: no faster).
-HALF_LANES = True
+#: the projections' forward and the weight-gradient tiles on half vectors: no faster). With AVX-512 a LANES vector
+#: is one register and the loops run on whole vectors, ``STATE_COLUMNS`` a slice: the same shape, the median of 40
+#: rounds' ratios (order rotated; 29 Nov 2026, 23:30, a Zen 4 host) took the backward with z̄ 0.92-0.94× and
+#: without 0.97× the time of half vectors (8 columns: 0.90-0.92× and 0.98-1.0×; all 16: 1.03-1.07× the time of 8,
+#: the fastest of 15 calls; W_ROWS × W_COLUMNS 2 × 8, 3 × 8, 2 × 12, 1 × 16: within 2-4 % of 1 × 6, not kept).
+HALF_LANES = not wide_registers()
 HALF_COLUMNS = 4
 
 
