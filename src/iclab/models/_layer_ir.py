@@ -100,7 +100,7 @@ CPU it runs on, keeps a LANES vector in one register there. The sizes that depen
 variants' order rotated each round: gating's backward (D = 16, T = 103, kept) 0.93-0.94× the time with z̄ and 0.97×
 without, drift's (D = 11, T = 101) 0.935×. Tried there and not kept: the read-out's token sums per half and 8 or 4
 features a loop (``_token_sums``: 1.4× slower, its 16 accumulators of 16 lanes fit the registers); 8 and 16
-columns; weight-gradient tiles 2 × 8, 3 × 8, 2 × 12, 1 × 16 (within 2 % of 1 × 6).
+columns; weight-gradient tiles 2 × 8, 3 × 8, 2 × 12, 1 × 16 (within 2-4 % of 1 × 6).
 """
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ def _slices(D: int, halves: bool = False) -> list[tuple[int, int]]:
 #: thread, 16 blocks, D = 16, T = 103, kept projections, alternated in one process (29 Nov 2026, AVX2): the backward
 #: with z̄ 2.67-2.72 → 2.52-2.68 ms, without 2.15-2.21 → 1.99-2.12 ms (2, 3, 6 and 8 columns: no faster than 4;
 #: the projections' forward and the weight-gradient tiles on half vectors: no faster). With AVX-512 a LANES vector
-#: is one register and the loops run on whole vectors, ``STATE_COLUMNS`` a slice: the same shape, the median of 40
+#: is one register and the loops run on whole vectors, ``STATE_COLUMNS`` columns a slice. There the median of 40
 #: rounds' ratios (order rotated; 29 Nov 2026, 23:30, a Zen 4 host) took the backward with z̄ 0.92-0.94× and
 #: without 0.97× the time of half vectors (8 columns: 0.90-0.92× and 0.98-1.0×; all 16: 1.03-1.07× the time of 8,
 #: the fastest of 15 calls; W_ROWS × W_COLUMNS 2 × 8, 3 × 8, 2 × 12, 1 × 16: within 2-4 % of 1 × 6, not kept).
