@@ -245,6 +245,50 @@ def test_gated_ir_kernels_equal_the_token_layout_kernels_in_float64(monkeypatch,
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def _first_layer_backwards(monkeypatch, Z, dO, W, wg, P, *, one_pass: bool, kept: bool):
+    """W̄_q, W̄_k, W̄_v, w̄_g (summed over blocks, the kernels' layout) of a gated first layer (no z̄) reading Z at
+    positions P, by the one-pass backward or the two passes (``ONE_PASS_FIRST_LAYER``)."""
+    monkeypatch.setattr(_layer_ir, "ONE_PASS_FIRST_LAYER", one_pass)
+    _layer_ir.gated_layer_kernels.cache_clear()
+    dt = Z.dtype
+    nb, Tl = -(-Z.shape[0] // native.LANES), len(P)
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(np.ascontiguousarray(dO[:, :Tl]))
+    fwd, bwd = _layer_ir.gated_layer_kernels(DG, dt, grad_z=False, gathered=True, kept=kept)
+    WT = [np.ascontiguousarray(w.T) for w in W]
+    R = (np.full((nb, Tl, 3, DG, native.LANES), np.nan, dt),) if kept else ()
+    Ob = np.full((nb, Tl, DG, native.LANES), np.nan, dt)
+    gla_native._run_jobs(fwd, nb, Zb, P, *WT, wg, Ob, *R)
+    dW, dwg = np.full((nb, 3, DG, DG), np.nan, dt), np.full((nb, DG), np.nan, dt)
+    gla_native._run_jobs(bwd, nb, Zb, P, *WT, wg, Ob, *R, dOb, Zb[:0], dW, dwg)
+    _layer_ir.gated_layer_kernels.cache_clear()
+    return [*dW.sum(0), dwg.sum(0)]
+
+
+@pytest.mark.parametrize("T", [9, 2 * _layer_ir.W_CHUNK + 3])
+def test_one_pass_first_layer_backward_equals_the_two_passes(monkeypatch, T):
+    """The gated first layer's backward in one pass through F_t (``ONE_PASS_FIRST_LAYER``: k̄_t = W_Q F_tᵀ v_t,
+    v̄_t = F_t W_Qᵀ k_t, W̄_Q = Σ_t k_t (F_tᵀ v_t)ᵀ) gives the two passes' weight and gate-weight gradients: in
+    float64 to 1e-12, with and without kept projections, tokens gathered at positions; in float32 as close to
+    float64 as the two passes are (within 2× their error, both within 1e-4 of the largest entry)."""
+    rng = np.random.default_rng(5)
+    Z, dO, W, wg = _gated_case(np.float64, T=2 * T + 1, seed=5)
+    P = np.append(np.sort(rng.choice(2 * T, size=T - 1, replace=False)), 2 * T).astype(np.int64)
+    ref = _first_layer_backwards(monkeypatch, Z, dO, W, wg, P, one_pass=False, kept=False)
+    assert all(np.isfinite(a).all() and np.abs(a).max() > 0 for a in ref)
+    for kept in (False, True):
+        got = _first_layer_backwards(monkeypatch, Z, dO, W, wg, P, one_pass=True, kept=kept)
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(np.abs(b).max()))
+    f32 = [a.astype(np.float32) for a in (Z, dO, *W, wg)]
+    errors = {}
+    for one_pass in (False, True):
+        got = _first_layer_backwards(monkeypatch, f32[0], f32[1], f32[2:5], f32[5], P, one_pass=one_pass, kept=True)
+        errors[one_pass] = [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, ref)]
+    for one, two in zip(errors[True], errors[False]):
+        assert one <= max(2 * two, 1e-6) and one < 1e-4, errors
+    assert errors[True] != errors[False]  # (two forms, not one twice)
+
+
 def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeypatch):
     """gla_native's blocked layer (multilayer_mse_grid's) in float32 with either kernel family: the same results
     to float32 rounding, the IR kernels used unless FLOAT32_LAYERS says numba."""

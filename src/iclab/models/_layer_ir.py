@@ -700,6 +700,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ``gathered`` (without ``grad_z``: the first layer, which reads data): Z read at positions, as in
     :func:`forward_ir` (the arguments P, TZ last); O, dO and the scratch keep the layer's T tokens.
 
+    A gated layer without ``grad_z`` (a first layer) runs pass 2 alone, through F_t in E_t's place
+    (:data:`ONE_PASS_FIRST_LAYER`): G's q̄_t slots hold m_t = F_tᵀ v_t (p_t = W_Qᵀ k_t before it), and W̄_Q's tiles
+    sum k_t m_tᵀ.
+
     ``kept``: QKV is not scratch but the q_t, k_t, v_t of every block and token (blocks, T, 3, D, LANES) that
     :func:`forward_ir` with ``kept`` wrote (the same FMAs in the same order: the same values), so pass 1 does not
     compute them again (3D² of the backward's ≈ 16D² vector operations a token)."""
@@ -709,7 +713,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         raise ValueError("gathered tokens are data: they take no cotangent")
     extra = _GATHER_ARGS if gathered else ""
     ir = _Builder(dtype)
-    V, zero = ir.V, "zeroinitializer"
+    zero = "zeroinitializer"
     if gated:
         ir.lines.append(f"define void @backward(ptr noalias %Z, ptr noalias %WQ, ptr noalias %WK, ptr noalias %WV, "
                         f"ptr noalias %wg, ptr noalias %O, ptr noalias %dO, ptr noalias %dZ, ptr noalias %dW, "
@@ -721,10 +725,6 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
                         f"ptr noalias %QKV, ptr noalias %G, ptr noalias %ACC, i64 %T, i64 %first, "
                         f"i64 %stop{extra}) {{")
     DD = D * D
-
-    def state(k, e, j):  # slot of S/E (k = 0) or X (k = 1) in ACC
-        return k * DD + e * D + j
-
     ir.label("entry")
     lam = None if gated else ir.splat("%lam")
     ir.emit("br label %blk")
@@ -733,7 +733,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit(f"%base = mul i64 %boff, {D * LANES}")
     for i in range((1 if gated else 2) * DD):  # S, and X for λ̄
         ir.store(zero, "%ACC", i)
-    ir.emit("br label %p1")
+    one_pass = gated and not grad_z and ONE_PASS_FIRST_LAYER
+    if one_pass:  # F zeroed with S above
+        ir.emit("%Tm1 = sub i64 %T, 1")
+    ir.emit("br label %p2" if one_pass else "br label %p1")
 
     def token_pointers(loop):
         ir.emit(f"%{loop}.off = mul i64 %{loop}.i, {DA_SLOTS * LANES}")  # DA's offset (ā_t, g_t, 1 − g_t)
@@ -746,11 +749,52 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         return (zp, ir.gep("%dO", f"%{loop}.toff"), ir.gep("%dZ", f"%{loop}.toff"),
                 ir.gep("%QKV", f"%{loop}.koff" if kept else f"%{loop}.soff"), ir.gep("%G", f"%{loop}.soff"))
 
-    # pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t
+    if not one_pass:
+        _two_pass_first(ir, D, residual, grad_z, gated, kept, lam, token_pointers)
+    _pass2(ir, D, residual, grad_z, grad_lam, gated, kept, one_pass, lam, token_pointers, "blk.body" if one_pass
+           else "p1.done")
+    _weight_gradient_sums(ir, D, gated, grad_lam, one_pass, token_pointers)
+    ir.emit("br label %sum.done")
+    ir.label("sum.done")
+    ir.emit("br label %blk")
+    ir.label("blk.done")
+    ir.emit("ret void")
+    return ir.text()
+
+
+#: Whether a gated first layer (no z̄: its tokens are data) runs its backward in one pass, t descending, through
+#: F_t = Σ_{u≥t} Γ(t, u) ō_u z_uᵀ = g_{t+1} F_{t+1} + ō_t z_tᵀ (Γ(t, u) = g_{t+1}⋯g_u) instead of E_t: E_t = F_t W_Qᵀ,
+#: so with m_t = F_tᵀ v_t and p_t = W_Qᵀ k_t, k̄_t = E_tᵀ v_t = W_Q m_t, v̄_t = E_t k_t = F_t p_t and
+#: W̄_Q = Σ_t q̄_t z_tᵀ = Σ_t Σ_{s≤t} Γ(s, t) k_s v_sᵀ ō_t z_tᵀ = Σ_s k_s m_sᵀ. Pass 1 (S_t computed again and
+#: q̄_t = S_tᵀ ō_t: 3 of the backward's 10 D² vector operations a token, and a sweep over the block's operands) is
+#: gone; p_t and k̄_t cost D² each. Not the bits of the two passes (other sums): float64 agrees with the token-layout
+#: kernels to 1e-12 and float32 with the two passes to its rounding (tested).
+ONE_PASS_FIRST_LAYER = True
+
+
+def _weight_products(ir: _Builder, name: str, D: int, x, out: str, offset: int, *, transposed: bool) -> None:
+    """out[offset + u] = Σ_i W_Q[i, u] x(i) (``transposed``) or Σ_i W_Q[u, i] x(i), u = 0..D-1, each a chain over i
+    from the left, ``Z_UNITS`` outputs an iteration (``_units_loop``); x(i) loads the i-th operand (i an i64 value
+    or a constant)."""
+
+    def outputs(units):
+        def terms(i):
+            xi = x(i)
+            return [[(ir.weight("%WQ", D, i, u) if transposed else ir.weight("%WQ", D, u, i), xi)] for u in units]
+
+        for u, acc in zip(units, _inner_chains(ir, f"{name}.i", D, [None] * len(units), terms)):
+            ir.store(acc, out, ir.affine(u, 1, offset))
+
+    _units_loop(ir, name, D, Z_UNITS, outputs)
+
+
+def _two_pass_first(ir: _Builder, D: int, residual: bool, grad_z: bool, gated: bool, kept: bool, lam, token_pointers):
+    """:func:`backward_ir`'s pass 1, t ascending: S_t, q̄_t = S_tᵀ ō_t, z̄_t = [ō_t +] W_Qᵀ q̄_t (and g_t, 1 − g_t
+    kept in DA); ends in the block ``p1.done`` with E zeroed and %Tm1 = T − 1."""
+    zero = "zeroinitializer"
     _loop_head(ir, "p1", "blk.body", "p1.latch", "0", 1, "%T")
     zp, dop, dzp, sp, gp = token_pointers("p1")
     z = [ir.load(zp, f) for f in range(D)]
-    do = [ir.load(dop, f) for f in range(D)]
     if gated:  # g_t and 1 − g_t kept for pass 2
         decay, sm = _gates(ir, z, D)
         ir.store(decay, ir.gep("%DA", "%p1.off"), 1)
@@ -801,19 +845,28 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.label("p1.done")
     for e in range(D):
         for j in range(D):
-            ir.store(zero, "%ACC", state(0, e, j))
+            ir.store(zero, "%ACC", e * D + j)
     ir.emit("%Tm1 = sub i64 %T, 1")
     ir.emit("br label %p2")
-    # pass 2, t descending: E_t, k̄_t = E_tᵀ v_t, v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t, and λ̄
+
+
+def _pass2(ir: _Builder, D: int, residual: bool, grad_z: bool, grad_lam: bool, gated: bool, kept: bool,
+           one_pass: bool, lam, token_pointers, entry: str):
+    """:func:`backward_ir`'s pass 2, t descending, entered from the block ``entry``: E_t, k̄_t = E_tᵀ v_t,
+    v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t, λ̄ and the gates' ā_t. ``one_pass`` (a gated first layer, no z̄):
+    F_t in E's place and no pass before it (:data:`ONE_PASS_FIRST_LAYER`)."""
+    V, zero, DD = ir.V, "zeroinitializer", D * D
+    halves = HALF_LANES and gated
     ir.label("p2")
     p2latch = "p2.latch"  # the token loop's last block
-    ir.emit(f"%p2.i = phi i64 [%Tm1, %p1.done], [%p2.n, %{p2latch}]")
-    at = len(ir.lines)
+    ir.emit(f"%p2.i = phi i64 [%Tm1, %{entry}], [%p2.n, %{p2latch}]")
+    ir.emit(";p2.phis")  # where the phis below go (a declaration inserted later moves indices)
     ir.emit("%p2.c = icmp sge i64 %p2.i, 0")
     ir.emit("br i1 %p2.c, label %p2.body, label %p2.done")
     ir.label("p2.body")
     ir.emit("%p2.n = sub i64 %p2.i, 1")
     zp, dop, dzp, sp, gp = token_pointers("p2")
+    decay = lam
     if gated:  # E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ (g_T = 0), and R's running sum (phis inserted below)
         # O_{t-1}'s lines prefetched: pass 2 runs down the tokens and O was last read in pass 1 (its first load a
         # token took ≈ 5 % of the backward's samples in a profile; 3.7-4.0 → 3.4-3.7 ms, D = 16, T = 103, 16
@@ -821,7 +874,14 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.emit(f"%p2.pf = sub i64 %p2.toff, {D * LANES}")
         ir.prefetch(ir.gep("%O", "%p2.pf"), D)
         decay = "%gnext"
-        gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
+        if one_pass:  # g_t, 1 − g_t here (no pass 1 to keep them), q, k, v (unless kept) and p_t = W_Qᵀ k_t in G
+            gt, sm = _gates(ir, [ir.load(zp, f) for f in range(D)], D)
+            if not kept:
+                _projections(ir, "p2j", zp, sp, D)
+            _weight_products(ir, "p2p", D, lambda e: ir.load(ir.opaque(sp), ir.affine(e, 1, D)), gp, 0,
+                             transposed=True)
+        else:
+            gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
     do = [ir.load(dop, f) for f in range(D)]
 
     # E_t's rows one loop iteration each, over one slice of STATE_COLUMNS columns j at a time: the slice's k̄_t[j]
@@ -833,8 +893,13 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         def row(e, carried, j0=j0, j1=j1, last=last, decay=decay):
             so, vo = ir.affine(e, D * LANES), ir.affine(e, LANES)
             rp = ir.opaque(sp)  # q_t, k_t as memory operands of this row's FMAs
-            q = [ir.load(rp, j) for j in range(j0, j1)]
-            k = [ir.load(rp, D + j) for j in range(j0, j1)]
+            if one_pass:  # F_t = g_{t+1} F_{t+1} + ō_t z_tᵀ: z_t for q_t, p_t for k_t, m_t = F_tᵀ v_t for k̄_t
+                zr, pr = ir.opaque(zp), ir.opaque(gp)
+                q = [ir.load(zr, j) for j in range(j0, j1)]
+                k = [ir.load(pr, j) for j in range(j0, j1)]
+            else:
+                q = [ir.load(rp, j) for j in range(j0, j1)]
+                k = [ir.load(rp, D + j) for j in range(j0, j1)]
             ve, doe = ir.load(ir.gep(rp, vo), 2 * D), ir.load(ir.gep(dop, vo), 0)
             Er = ir.gep("%ACC", so)
             old = [ir.load(Er, j) for j in range(j0, j1)]
@@ -864,16 +929,19 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
             with ir.half(h) if halves else contextlib.nullcontext():
                 body = row if h is None else functools.partial(row, decay=ir.half_of(decay, h))
                 out = _rows_loop(ir, f"p2r{j0}" + ("" if h is None else f"h{h}"), ir._block, D, init, body)
-                for n, j in enumerate(range(j0, j1)):
-                    ir.store(out[n], gp, D + j)
+                for n, j in enumerate(range(j0, j1)):  # (one pass: m_t[j] over p_t[j], read by this slice alone)
+                    ir.store(out[n], gp, j if one_pass else D + j)
     gl = out[-1] if grad_lam else None
+    if one_pass:  # k̄_t = W_Q m_t
+        _weight_products(ir, "p2k", D, lambda f: ir.load(ir.opaque(gp), f), gp, D, transposed=False)
     gk = ir.opaque(gp)
     dk = [ir.load(gk, D + e) for e in range(D)]
+    at = ir.lines.index("  ;p2.phis")
     if grad_lam:
-        ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %p1.done], [{gl}, %{p2latch}]")
+        ir.lines.insert(at, f"  %gl = phi {V} [{zero}, %{entry}], [{gl}, %{p2latch}]")
     if gated:
-        ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %p1.done], [{gt}, %{p2latch}]",
-                           f"  %R = phi {V} [{zero}, %p1.done], [%R.n, %{p2latch}]"]
+        ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %{entry}], [{gt}, %{p2latch}]",
+                           f"  %R = phi {V} [{zero}, %{entry}], [%R.n, %{p2latch}]"]
     if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t
         op = ir.gep("%O", "%p2.toff")
         oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
@@ -898,6 +966,12 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.label("p2.latch")
     ir.emit("br label %p2")
     ir.label("p2.done")
+
+
+def _weight_gradient_sums(ir: _Builder, D: int, gated: bool, grad_lam: bool, one_pass: bool, token_pointers):
+    """:func:`backward_ir`'s sums of a block's weight gradients after pass 2 (entered from ``p2.done``), written
+    to dW[blk] and dlam[blk] (λ̄, or w̄_g)."""
+    V, zero, DD = ir.V, "zeroinitializer", D * D
     # W̄_i[e, f] = Σ_t ḡ_{i,t}[e] z_t[f], in tiles of rows whose accumulators are the token loop's phis, over
     # chunks of W_CHUNK tokens: every tile of a chunk re-reads the chunk's z_t from L1 (not the whole block's from
     # L2), the accumulators kept in ACC between chunks (the same FMAs in the same order: the same bits)
@@ -917,7 +991,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit("%wc.end = select i1 %wc.f, i64 %wc.n, i64 %T")
     count = itertools.count()
 
-    def tile(rhos, gate: bool = False):  # rows ρ (constants or values) over the chunk's tokens, a runtime loop
+    def tile(rhos, gate: bool = False, keys: bool = False):  # rows ρ (constants or values) over the chunk's tokens
+        # (a runtime loop); ``keys`` (one pass): W̄_Q[e, f] = Σ_t k_t[e] m_t[f], rows ρ = e of k_t, columns of G's m_t
         for f0 in range(0, D, W_COLUMNS):  # each slice of columns a token loop of its own
             cols = range(f0, min(D, f0 + W_COLUMNS))
             name = f"w{next(count)}"
@@ -937,11 +1012,15 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
             ir.emit(f"br i1 %{name}.c, label %{name}.body, label %{name}.done")
             ir.label(f"{name}.body")
             ir.emit(f"%{name}.n = add i64 %{name}.i, 1")
-            zp, _, _, _, gp = token_pointers(name)
-            g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)] if gate else [ir.load(gp, rho) for rho in rhos]
+            zp, _, _, sp, gp = token_pointers(name)
+            if gate:
+                g = [ir.load(ir.gep("%DA", f"%{name}.off"), 0)]
+            else:
+                g = [ir.load(sp, ir.affine(rho, 1, D)) if keys else ir.load(gp, rho) for rho in rhos]
             new = []
             for r in range(len(slots)):
-                zr = ir.opaque(zp)  # z_t re-read per row: memory operands, the registers left to the accumulators
+                zr = ir.opaque(gp if keys else zp)  # z_t (m_t) re-read per row: memory operands, the registers
+                # left to the accumulators
                 new.append([ir.fma(g[r], ir.load(zr, f), acc[r][n]) for n, f in enumerate(cols)])
             ir.emit(f"br label %{name}")
             ir.lines[at:at] = [f"  {acc[r][n]} = phi {V} [{zero}, %{name}.z], [{start[r][n]}, %{name}.l], "
@@ -953,7 +1032,11 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 
     # the tiles of ρ = 0..3D-1 a runtime loop (as fast as the unrolled copies, D = 11 and 16, in a slow hour; a
     # fraction of the code to compile), then w̄_g's
-    _units_loop(ir, "wt", 3 * D, W_ROWS, tile)
+    if one_pass:
+        _units_loop(ir, "wq", D, W_ROWS, functools.partial(tile, keys=True))
+        _units_loop(ir, "wt", 2 * D, W_ROWS, lambda units: tile([ir.affine(u, 1, D) for u in units]))
+    else:
+        _units_loop(ir, "wt", 3 * D, W_ROWS, tile)
     if gated:
         tile([None], gate=True)
     ir.emit("br label %wc.latch")
@@ -967,12 +1050,6 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
         ir.lane_sum("%gl", "%dlam", "%blk.i")
     elif not gated:  # (gated: %dlam is dwg, written by its tile above)
         ir.emit(f"store {ir.ty} 0.0, ptr {ir.gep('%dlam', '%blk.i')}")
-    ir.emit("br label %sum.done")
-    ir.label("sum.done")
-    ir.emit("br label %blk")
-    ir.label("blk.done")
-    ir.emit("ret void")
-    return ir.text()
 
 
 _SCRATCH = threading.local()
