@@ -289,31 +289,6 @@ def test_one_pass_first_layer_backward_equals_the_two_passes(monkeypatch, T):
     assert errors[True] != errors[False]  # (two forms, not one twice)
 
 
-@pytest.mark.parametrize("residual", [True, False])
-def test_one_pass_first_layer_backward_of_drifts_layer(monkeypatch, residual):
-    """drift's layer without z̄ (a first layer) in one pass (``ONE_PASS_FIRST_LAYER``: X^F_t for λ̄): W̄_q, W̄_k, W̄_v
-    and λ̄ as the two passes give them, in float64 to 1e-12 and in float32 as close to float64."""
-    Z, dO, W = _operands(np.float64, T=2 * _layer_ir.W_CHUNK + 3, seed=9)
-    Zb, dOb = native._to_blocks(Z), native._to_blocks(dO)
-
-    def grads(one_pass, dtype):
-        monkeypatch.setattr(_layer_ir, "ONE_PASS_FIRST_LAYER", one_pass)
-        _layer_ir.layer_kernels.cache_clear()
-        bwd = _layer_ir.layer_kernels(D, residual, dtype, grad_z=False, grad_lam=True)[1]
-        _, dW, dlam = _backward(bwd, Zb.astype(dtype), [w.astype(dtype) for w in W], dtype(0.85), dOb.astype(dtype))
-        _layer_ir.layer_kernels.cache_clear()
-        return [*dW.sum(0), np.atleast_1d(dlam.sum())]
-
-    ref = grads(False, np.float64)
-    for a, b in zip(grads(True, np.float64), ref):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(np.abs(b).max()))
-    errors = {one_pass: [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(grads(one_pass, np.float32), ref)]
-              for one_pass in (False, True)}
-    for one, two in zip(errors[True], errors[False]):
-        assert one <= max(2 * two, 1e-6) and one < 1e-4, errors
-    assert errors[True] != errors[False]
-
-
 def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeypatch):
     """gla_native's blocked layer (multilayer_mse_grid's) in float32 with either kernel family: the same results
     to float32 rounding, the IR kernels used unless FLOAT32_LAYERS says numba."""

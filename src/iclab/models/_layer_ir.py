@@ -733,7 +733,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     ir.emit(f"%base = mul i64 %boff, {D * LANES}")
     for i in range((1 if gated else 2) * DD):  # S, and X for λ̄
         ir.store(zero, "%ACC", i)
-    one_pass = not grad_z and ONE_PASS_FIRST_LAYER
+    one_pass = gated and not grad_z and ONE_PASS_FIRST_LAYER
     if one_pass:  # F zeroed with S above
         ir.emit("%Tm1 = sub i64 %T, 1")
     ir.emit("br label %p2" if one_pass else "br label %p1")
@@ -762,16 +762,13 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     return ir.text()
 
 
-#: Whether a first layer (no z̄: its tokens are data; drift's or gating's) runs its backward in one pass, t
-#: descending, through F_t = Σ_{u≥t} Γ(t, u) ō_u z_uᵀ = d_{t+1} F_{t+1} + ō_t z_tᵀ (Γ(t, u) = d_{t+1}⋯d_u, the decays
-#: λ or g) instead of E_t: E_t = F_t W_Qᵀ, so with m_t = F_tᵀ v_t and p_t = W_Qᵀ k_t, k̄_t = E_tᵀ v_t = W_Q m_t,
-#: v̄_t = E_t k_t = F_t p_t, W̄_Q = Σ_t q̄_t z_tᵀ = Σ_t Σ_{s≤t} Γ(s, t) k_s v_sᵀ ō_t z_tᵀ = Σ_s k_s m_sᵀ and, for λ̄,
-#: X_t = X^F_t W_Qᵀ with X^F_t = λ X^F_{t+1} + F_{t+1}, so v_tᵀ X_t k_t = v_tᵀ X^F_t p_t: pass 2's rows with z_t in
-#: q_t's place and p_t in k_t's. Pass 1 (S_t computed again and q̄_t = S_tᵀ ō_t: 3 of the gated backward's 10 D²
-#: vector operations a token, and a sweep over the block's operands) is gone; p_t and k̄_t cost D² each. Not the
-#: bits of the two passes (other sums): in float64 the same gradients to 1e-12, in float32 as close to float64
-#: (tested). Gating's first layer (D = 16, T = 103, kept projections, 16 blocks a call, one thread, alternated in
-#: one process, 1 Dec 2026, a Zen 3 host): 0.86-0.89× the two passes' time.
+#: Whether a gated first layer (no z̄: its tokens are data) runs its backward in one pass, t descending, through
+#: F_t = Σ_{u≥t} Γ(t, u) ō_u z_uᵀ = g_{t+1} F_{t+1} + ō_t z_tᵀ (Γ(t, u) = g_{t+1}⋯g_u) instead of E_t: E_t = F_t W_Qᵀ,
+#: so with m_t = F_tᵀ v_t and p_t = W_Qᵀ k_t, k̄_t = E_tᵀ v_t = W_Q m_t, v̄_t = E_t k_t = F_t p_t and
+#: W̄_Q = Σ_t q̄_t z_tᵀ = Σ_t Σ_{s≤t} Γ(s, t) k_s v_sᵀ ō_t z_tᵀ = Σ_s k_s m_sᵀ. Pass 1 (S_t computed again and
+#: q̄_t = S_tᵀ ō_t: 3 of the backward's 10 D² vector operations a token, and a sweep over the block's operands) is
+#: gone; p_t and k̄_t cost D² each. Not the bits of the two passes (other sums): float64 agrees with the token-layout
+#: kernels to 1e-12 and float32 with the two passes to its rounding (tested).
 ONE_PASS_FIRST_LAYER = True
 
 
@@ -877,14 +874,14 @@ def _pass2(ir: _Builder, D: int, residual: bool, grad_z: bool, grad_lam: bool, g
         ir.emit(f"%p2.pf = sub i64 %p2.toff, {D * LANES}")
         ir.prefetch(ir.gep("%O", "%p2.pf"), D)
         decay = "%gnext"
-        if one_pass:  # g_t, 1 − g_t here: no pass 1 kept them
+        if one_pass:  # g_t, 1 − g_t here (no pass 1 to keep them), q, k, v (unless kept) and p_t = W_Qᵀ k_t in G
             gt, sm = _gates(ir, [ir.load(zp, f) for f in range(D)], D)
+            if not kept:
+                _projections(ir, "p2j", zp, sp, D)
+            _weight_products(ir, "p2p", D, lambda e: ir.load(ir.opaque(sp), ir.affine(e, 1, D)), gp, 0,
+                             transposed=True)
         else:
             gt, sm = ir.load(ir.gep("%DA", "%p2.off"), 1), ir.load(ir.gep("%DA", "%p2.off"), 2)
-    if one_pass:  # q, k, v (unless kept) and p_t = W_Qᵀ k_t in G's q̄_t slots
-        if not kept:
-            _projections(ir, "p2j", zp, sp, D)
-        _weight_products(ir, "p2p", D, lambda e: ir.load(ir.opaque(sp), ir.affine(e, 1, D)), gp, 0, transposed=True)
     do = [ir.load(dop, f) for f in range(D)]
 
     # E_t's rows one loop iteration each, over one slice of STATE_COLUMNS columns j at a time: the slice's k̄_t[j]
