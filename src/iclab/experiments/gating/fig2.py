@@ -197,7 +197,11 @@ register(
             "paper": {"seeds": 10, "kernel": "native"},
         },
         runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
-                 "paper": "2831 s (47 min) on the idle 2-core machine, the whole grid jointly (29 Nov 2026, "
+                 "paper": "3224 s (54 min) on a slower 2-core host, the whole grid jointly (1 Dec 2026, 20:24-21:18, "
+                          "the first layers' backward in one pass: ≈ 0.30 s per step, evaluation included; the tests "
+                          "shared the cores ≈ 2 min), 4/4 checks; best of 10 seeds at n̄ = 40, 50: 0.216, 0.181 (1 "
+                          "layer), 0.055, 0.032 (2), 0.021, 0.022 (3). Before it: "
+                          "2831 s (47 min) on the idle 2-core machine, the whole grid jointly (29 Nov 2026, "
                           "13:30-14:17, with the RNG bits from a compiled kernel, the kept projections and each "
                           "model's blocks one at a time: ≈ 0.27 s per step; 2.5× the flop floor at 178 GFLOP/s, "
                           "the bench's peak that day, evaluation included), 4/4 checks; best of 10 seeds at "
