@@ -771,8 +771,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 #: kernels to 1e-12 and float32 as close to float64 as the two passes (tested). Measured on a Zen 3 host (1 Dec 2026,
 #: one thread, D = 16, T = 103, kept projections, alternated in one process): 0.86-0.89× the two passes' time for 16
 #: blocks a call (their operands from L3), 1.01× for one block a call just after its forward (as the grid driver
-#: calls it: its operands in L2, where pass 1 is cheap); gating.fig2's loss and gradient 0.99× (the median of 160
-#: paired rounds, within this VM's noise). drift's layer keeps its two passes: there (D = 11, λ̄ through
+#: calls it: its operands in L2, where pass 1 is cheap); gating.fig2's loss and gradient 0.99× (the medians of two
+#: runs of 80 paired rounds, 0.989 and 0.991: within this VM's noise). drift's layer keeps its two passes: there (D = 11, λ̄ through
 #: X^F_t = λ X^F_{t+1} + F_{t+1}) the one pass took 1.05-1.08× their time and drift.fig2's loss and gradient 1.12×.
 ONE_PASS_FIRST_LAYER = True
 
