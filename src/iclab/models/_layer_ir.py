@@ -751,8 +751,7 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 
     if not one_pass:
         _two_pass_first(ir, D, residual, grad_z, gated, kept, lam, token_pointers)
-    _pass2(ir, D, residual, grad_z, grad_lam, gated, kept, one_pass, lam, token_pointers, "blk.body" if one_pass
-           else "p1.done")
+    _pass2(ir, D, grad_z, grad_lam, gated, kept, one_pass, lam, token_pointers, "blk.body" if one_pass else "p1.done")
     _weight_gradient_sums(ir, D, gated, grad_lam, one_pass, token_pointers)
     ir.emit("br label %sum.done")
     ir.label("sum.done")
@@ -855,8 +854,8 @@ def _two_pass_first(ir: _Builder, D: int, residual: bool, grad_z: bool, gated: b
     ir.emit("br label %p2")
 
 
-def _pass2(ir: _Builder, D: int, residual: bool, grad_z: bool, grad_lam: bool, gated: bool, kept: bool,
-           one_pass: bool, lam, token_pointers, entry: str):
+def _pass2(ir: _Builder, D: int, grad_z: bool, grad_lam: bool, gated: bool, kept: bool, one_pass: bool, lam,
+           token_pointers, entry: str):
     """:func:`backward_ir`'s pass 2, t descending, entered from the block ``entry``: E_t, k̄_t = E_tᵀ v_t,
     v̄_t = E_t k_t, z̄_t += W_Kᵀ k̄_t + W_Vᵀ v̄_t, λ̄ and the gates' ā_t. ``one_pass`` (a gated first layer, no z̄):
     F_t in E's place and no pass before it (:data:`ONE_PASS_FIRST_LAYER`)."""
