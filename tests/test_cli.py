@@ -107,6 +107,7 @@ def test_run_quick_end_to_end_then_reuse_then_force(tmp_path):
     assert len(rows) == 2 and all(r[0] == "linattn.fig1" and r[1] == "done" and r[2] == r[3] for r in rows)
 
 
+@pytest.mark.slow
 def test_failing_check_exits_non_zero(tmp_path):
     # 50 steps end on the plateau: the final-loss checks must fail, and the exit code say so.
     r = iclab("run", "linattn.fig1", "--set", "steps=50", "--set", "P=200", "--json", root=tmp_path)

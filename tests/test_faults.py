@@ -107,6 +107,7 @@ def alive(pid):
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_run_killed_mid_way_resumes_to_the_uninterrupted_result(tmp_path, fig1_twin, fig1_small):
     proc = start("run", "linattn.fig1", *fig1_small, "--json", root=tmp_path, ICLAB_CHECKPOINT_EVERY="1")
     try:  # kill it once the second engine loop has saved a checkpoint
@@ -130,6 +131,7 @@ def test_run_killed_mid_way_resumes_to_the_uninterrupted_result(tmp_path, fig1_t
     assert not list(tmp_path.glob(".running/*/*"))
 
 
+@pytest.mark.slow
 def test_sweep_killed_at_a_random_moment_finishes_every_point_once_on_rerun(tmp_path, fig1_twin, fig1_small):
     seed = random.randrange(10**6)
     delay = random.Random(seed).uniform(0.0, 3.0)

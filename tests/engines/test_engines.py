@@ -89,6 +89,7 @@ def test_gradient_flow_matches_the_exponential_solution():
     assert np.all(np.isnan(tr.step))
 
 
+@pytest.mark.slow
 def test_batched_gradient_flow_equals_separate_flows():
     runs = [_problem(s) for s in range(2)]
     stack = lambda trees: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)  # noqa: E731

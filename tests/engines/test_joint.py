@@ -61,7 +61,7 @@ AUX = {"w": jnp.broadcast_to(jnp.array([1.0, -0.5, 0.25]), (2, D))}  # two seeds
 AUX1 = {"w": AUX["w"][1:]}
 
 
-@pytest.mark.parametrize("clip_norm", [None, 0.5])
+@pytest.mark.parametrize("clip_norm", [None, pytest.param(0.5, marks=pytest.mark.slow)])
 def test_a_subset_trained_alone_follows_the_full_grid(clip_norm):
     keys = joint.seed_keys(3, 2)
     common = dict(keys=keys, lr=0.02, n_steps=60, optimizer=optax.scale_by_adam(), clip_norm=clip_norm,

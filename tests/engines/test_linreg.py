@@ -124,6 +124,7 @@ def test_population_engine_descends_population_objective_and_sampled_records_it(
         linreg.population_objective(_spec("softmax_attn_m", engine="sampled", R=1))
 
 
+@pytest.mark.slow
 def test_expected_loss_replaces_the_fixed_length_loss():
     keys, N = _keys(1), 6
     Lams = covariance([0.5, 0.3, 0.2])[None]
@@ -175,6 +176,7 @@ def test_given_prompts_and_params0_replace_the_drawn_ones():
 # Gradient flow.
 
 
+@pytest.mark.slow
 def test_gradient_flow_is_the_small_lr_limit_of_gradient_descent():
     keys, N = _keys(2), 6
     Lams = jnp.broadcast_to(covariance([0.5, 0.3, 0.2]), (2, 3, 3))

@@ -168,6 +168,7 @@ def test_transformation_is_adamw_on_weights_and_scaled_adam_on_theta():
     np.testing.assert_allclose(upd["grid"]["U11"], grads["grid"]["U11"], rtol=1e-15)
 
 
+@pytest.mark.slow
 def test_a_model_trained_alone_follows_its_trajectory_in_the_grid():
     """Per-member init keys and common random numbers: the (γ = 0.95, λ = 0.9) model of a 2 × 3 grid (member
     id 4) trained alone, with its id, ends where it ends inside the grid (float32 rounding)."""

@@ -41,6 +41,7 @@ def test_training_is_population_gradient_flow_from_each_init():
     assert (spec.engine, spec.integrator, spec.H, spec.w_init, spec.rtol) == ("population", "gf", 4, 0.3, 1e-9)
     assert config.training("attn_m", 1e-6).H == 8
 
+@pytest.mark.slow
 def test_refined_crossing_matches_the_exact_eq21_solution():
     # Aligned init: v₁ follows eq 21 exactly; the half-way loss is reached at v_half with
     # L = trΛ − 2λ²v³ + λa v⁶, and eq 70 gives the exact time (paper units, t/τ = 2t).

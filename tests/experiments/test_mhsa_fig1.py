@@ -146,6 +146,7 @@ def _quadrature_batch(ts, X, q):
     return MultitaskPrompts(Xr, jnp.einsum("pdy,pdl->pyl", G, Xr), qr, jnp.einsum("pdy,pd->py", G, qr), G)
 
 
+@pytest.mark.slow
 def test_spectral_gd_moves_like_full_gd_from_decomposable_weights():
     """One GD step of the full model from decomposable weights moves (ω̄, μ) like one GD step on the
     balanced factors (k_i = √d_i s_i, the block's Frobenius norm) of the spectral model, on the same
@@ -265,6 +266,7 @@ def test_experiment_is_registered_with_quick_and_paper_presets():
     assert jnp.dtype(paper.dtype) == jnp.float32
 
 
+@pytest.mark.slow
 def test_float32_is_preserved_through_data_loss_and_gradient():
     c = training.Fig1Config(I=2, d_bar=3, H=2, dtype="float32")
     ts = training.task_family(c)

@@ -89,6 +89,7 @@ def test_gated_family_trains_to_the_global_minimum_by_the_population_engine(regi
         np.testing.assert_allclose(A[s], theory.attn_m_fixed_point(Lams[s], 1.0 / N), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_gated_family_sampled_and_moments_engines_follow_the_same_trajectory(registry):
     keys, Lams = _setup()
     common = dict(model="gated_attn_m", H=3, w_init=0.5, lr=0.3, steps=200, record_every=20, P=300,

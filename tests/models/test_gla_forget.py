@@ -93,7 +93,8 @@ def test_forms_match_naive_loop(kind, d, n, B, lam):
     np.testing.assert_allclose(_naive_jax(params, Z, lam), ref, atol=1e-12 * scale, rtol=0)
 
 
-GRAD_CASES = [("qkv", 3, 7, 3, 0.8), ("merged", 2, 5, 2, 1.2), ("lemma2", 2, 6, 3, 0.7), ("restricted", 3, 6, 2, 0.9)]
+GRAD_CASES = [("qkv", 3, 7, 3, 0.8), ("merged", 2, 5, 2, 1.2), pytest.param("lemma2", 2, 6, 3, 0.7, marks=pytest.mark.slow),
+              pytest.param("restricted", 3, 6, 2, 0.9, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("kind,d,n,B,lam", GRAD_CASES)

@@ -185,6 +185,7 @@ def test_readout_mse_shared_in_float64_equals_the_naive_loss_to_rounding():
         assert a.shape == b.shape and _rel(a, b) < 1e-11
 
 
+@pytest.mark.slow
 def test_readout_mse_shared_is_the_readout_kernels_loss_per_model_and_under_vmap():
     """Each (g, k) loss and its own gradient (one model's cotangent at a time), and a vmap over seeds (the trainer's),
     against the read-out kernel ``readout_grid_shared`` with XLA's contractions, both in float32."""
@@ -423,6 +424,7 @@ def test_blocked_layer_backward_does_not_depend_on_the_thread_count(monkeypatch)
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_multilayer_mse_with_a_fixed_forget_factor_and_shared_tokens(monkeypatch):
     """The paper presets' use: models vmapped over a row (the tokens shared: one host call for all of them, the
     tokens blocked once) and over rows (tokens per row), λ fixed (not differentiated: λ̄ is skipped), gradients of

@@ -6,7 +6,8 @@ from iclab.models import linattn as m
 from iclab.tasks.linreg import covariance, sample_prompts
 
 
-@pytest.mark.parametrize("D,H,N", [(1, 1, 1), (3, 2, 5), (4, 8, 31), (6, 3, 9)])
+@pytest.mark.parametrize("D,H,N", [(1, 1, 1), (3, 2, 5), pytest.param(4, 8, 31, marks=pytest.mark.slow),
+                                   pytest.param(6, 3, 9, marks=pytest.mark.slow)])
 def test_full_matrix_attn_m_equals_eq_m_equals_mlp(D, H, N):
     """Spec §7 check 1: the three forms of ATTN_M agree to 1e-12, with random * blocks."""
     key = jax.random.PRNGKey(D * 100 + H)

@@ -59,7 +59,7 @@ def test_vectorised_forward_and_gradient_match_naive_loop(score, shape):
     assert abs(fd - an) <= 1e-7 * max(1.0, abs(an))
 
 
-@pytest.mark.parametrize("score", ["softmax", "relu"])
+@pytest.mark.parametrize("score", [pytest.param("softmax", marks=pytest.mark.slow), "relu"])
 def test_spectral_map_gives_same_output_and_readout_inverts_it(score):
     d_i, d_y, d_e = (2, 3), 3, 7
     ts = task_structure(d_i, (1.0, 0.7), sigma=0.3, d_y=d_y)

@@ -1,11 +1,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from iclab.models import mhsa as m
 from iclab.tasks.multitask_regression import sample_G, task_structure
 
 
+@pytest.mark.slow
 def test_spectral_expected_loss_is_the_average_over_tasks_and_noise():
     # Fixed (X, q); Monte Carlo over G (2.4) and ε of ‖predict_spectral − y_q‖², within 4 standard errors.
     d_i, lam, sigma = (2, 3), (1.0, 0.6), 0.4

@@ -374,6 +374,7 @@ def _mc(seed, U, lam, gamma, sigma_w2, sigma_e2, n, Lam, N):
 TRAIN = dict(gamma=0.9, sigma_w2=1.0, sigma_e2=0.05, n=12)
 
 
+@pytest.mark.slow
 def test_theorem2_monte_carlo():
     """Theorem 2 (and eq 12 at a non-optimal point) vs 10⁶ simulated prompts, Λ non-identity, within 0.5 %.
 
