@@ -289,6 +289,38 @@ def test_one_pass_first_layer_backward_equals_the_two_passes(monkeypatch, T):
     assert errors[True] != errors[False]  # (two forms, not one twice)
 
 
+def _middle_layer_gate_cotangents(monkeypatch, Z, dO, W, wg, *, q_dot_r: bool):
+    """z̄ and w̄_g of a gated layer with an input cotangent, R_t's term ō_t·(o_t − z_t) taken as q_t·q̄_t or from the
+    outputs (``Q_DOT_R``)."""
+    monkeypatch.setattr(_layer_ir, "Q_DOT_R", q_dot_r)
+    _layer_ir.gated_layer_kernels.cache_clear()
+    Zb, dOb = _blocked.to_blocks(Z), _blocked.to_blocks(dO)
+    _, dZb, *_, dwg = _gated_ir(Zb, W, wg, dOb, grad_z=True)
+    _layer_ir.gated_layer_kernels.cache_clear()
+    return _blocked.from_blocks(dZb, Z.shape[0]), dwg
+
+
+@pytest.mark.parametrize("T", [9, 2 * _layer_ir.W_CHUNK + 3])
+def test_gates_term_through_the_query_cotangent_equals_the_outputs_form(monkeypatch, T):
+    """R_t's term ō_t·(o_t − z_t) = ō_t·S_t q_t = q_t·q̄_t (``Q_DOT_R``) gives the outputs form's z̄ and w̄_g: in
+    float64 to 1e-12; in float32 closer to float64 where the attention's part of o_t is small against the residual
+    z_t (W_V scaled by 0.02), where o_t − z_t cancels."""
+    Z, dO, W, wg = _gated_case(np.float64, T=T, seed=11)
+    ref = _middle_layer_gate_cotangents(monkeypatch, Z, dO, W, wg, q_dot_r=False)
+    got = _middle_layer_gate_cotangents(monkeypatch, Z, dO, W, wg, q_dot_r=True)
+    for a, b in zip(got, ref):
+        assert np.isfinite(b).all() and np.abs(b).max() > 0
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(np.abs(b).max()))
+    W = (W[0], W[1], 0.02 * W[2])
+    ref = _middle_layer_gate_cotangents(monkeypatch, Z, dO, W, wg, q_dot_r=True)
+    f32 = [a.astype(np.float32) for a in (Z, dO, *W, wg)]
+    errors = {}
+    for q_dot_r in (False, True):
+        dwg = _middle_layer_gate_cotangents(monkeypatch, f32[0], f32[1], f32[2:5], f32[5], q_dot_r=q_dot_r)[1]
+        errors[q_dot_r] = float(np.abs(dwg - ref[1]).max() / np.abs(ref[1]).max())
+    assert errors[True] < 0.5 * errors[False], errors
+
+
 def test_gated_layers_in_float32_run_the_ir_kernels_and_agree_with_numba(monkeypatch):
     """gla_native's blocked layer (multilayer_mse_grid's) in float32 with either kernel family: the same results
     to float32 rounding, the IR kernels used unless FLOAT32_LAYERS says numba."""

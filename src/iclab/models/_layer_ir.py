@@ -694,8 +694,8 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
     WK, WV, wg, O, dO, dZ, dW, dwg, QKV, G, DA, ACC, T, first, stop)`` with O the forward's outputs, DA (T, 3, LANES)
     scratch (ā_t, and g_t, 1 − g_t kept from pass 1 for pass 2, which recomputed them: at D = 16, T = 103, 16
     blocks on one thread, 4.4-4.7 → 4.2-4.3 ms, the same bits); E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ, and the gates through the cumulative log gates (``gla_native._gated_layer_source``):
-    R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u), ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk]
-    (D) the block's w̄_g.
+    R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u) (ō_u·(o_u − z_u) as q_u·q̄_u after pass 1: :data:`Q_DOT_R`),
+    ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk] (D) the block's w̄_g.
 
     ``gathered`` (without ``grad_z``: the first layer, which reads data): Z read at positions, as in
     :func:`forward_ir` (the arguments P, TZ last); O, dO and the scratch keep the layer's T tokens.
@@ -854,6 +854,17 @@ def _two_pass_first(ir: _Builder, D: int, residual: bool, grad_z: bool, gated: b
     ir.emit("br label %p2")
 
 
+#: Whether the gated backward's pass 2 (after pass 1) takes the gates' term ō_t·(o_t − z_t) = ō_t·S_t q_t of R_t as
+#: q_t·q̄_t (q̄_t = S_tᵀ ō_t, in G from pass 1) rather than from the outputs: o_t − z_t subtracts the residual
+#: stream from the layer's output, which cancels where the attention's part of o_t is small against z_t; and O is
+#: not read again. At gating.fig2's init (10 seeds, against float64 at the same data) the middle layers' w̄_g
+#: error went 1.8·10⁻⁴ → 1.2·10⁻⁴ of its largest entry (a compensated sum of R_t on top: no closer; XLA's float32
+#: parallel form 2.3·10⁻⁵). The backward with z̄ took 0.95× (16 blocks a call) and 0.96× (one block a call) the time
+#: of the outputs form (D = 16, T = 103, kept projections, one thread, medians of 40 alternated rounds, 2 Dec 2026,
+#: a Zen 3 host). The one-pass first layer has no q̄_t and keeps the outputs form.
+Q_DOT_R = True
+
+
 def _pass2(ir: _Builder, D: int, grad_z: bool, grad_lam: bool, gated: bool, kept: bool, one_pass: bool, lam,
            token_pointers, entry: str):
     """:func:`backward_ir`'s pass 2, t descending, entered from the block ``entry``: E_t, k̄_t = E_tᵀ v_t,
@@ -875,8 +886,9 @@ def _pass2(ir: _Builder, D: int, grad_z: bool, grad_lam: bool, gated: bool, kept
         # O_{t-1}'s lines prefetched: pass 2 runs down the tokens and O was last read in pass 1 (its first load a
         # token took ≈ 5 % of the backward's samples in a profile; 3.7-4.0 → 3.4-3.7 ms, D = 16, T = 103, 16
         # blocks, one thread, alternated; prefetching dO, dZ, Z, q, k, v and their cotangents too: no faster)
-        ir.emit(f"%p2.pf = sub i64 %p2.toff, {D * LANES}")
-        ir.prefetch(ir.gep("%O", "%p2.pf"), D)
+        if one_pass or not Q_DOT_R:
+            ir.emit(f"%p2.pf = sub i64 %p2.toff, {D * LANES}")
+            ir.prefetch(ir.gep("%O", "%p2.pf"), D)
         decay = "%gnext"
         if one_pass:  # g_t, 1 − g_t here (no pass 1 to keep them), q, k, v (unless kept) and p_t = W_Qᵀ k_t in G
             gt, sm = _gates(ir, [ir.load(zp, f) for f in range(D)], D)
@@ -946,9 +958,12 @@ def _pass2(ir: _Builder, D: int, grad_z: bool, grad_lam: bool, gated: bool, kept
     if gated:
         ir.lines[at:at] = [f"  %gnext = phi {V} [{zero}, %{entry}], [{gt}, %{p2latch}]",
                            f"  %R = phi {V} [{zero}, %{entry}], [%R.n, %{p2latch}]"]
-    if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t
-        op = ir.gep("%O", "%p2.toff")
-        oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
+    if gated:  # R_t = R_{t+1} + ō_t·(o_t − z_t) − k_t·k̄_t, ā_t = (1 − g_t) R_t; ō_t·(o_t − z_t) = q_t·q̄_t
+        if one_pass or not Q_DOT_R:  # (one pass: no q̄_t)
+            op = ir.gep("%O", "%p2.toff")
+            oo = ir.dot(do, [_sub(ir, ir.load(op, f), ir.load(zp, f)) for f in range(D)])
+        else:
+            oo = ir.dot([ir.load(sp, j) for j in range(D)], [ir.load(gp, j) for j in range(D)])
         k = [ir.load(sp, D + j) for j in range(D)]
         ir.emit(f"%R.n = fadd {V} %R, {_sub(ir, oo, ir.dot(k, dk))}")
         da = ir.mul(sm, "%R.n")
