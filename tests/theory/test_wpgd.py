@@ -266,6 +266,28 @@ def test_eq16_contraction_bound_and_convergence():
             assert ok and abs(g - fps[0]) < 1e-10
 
 
+def _rotated(eigenvalues, seed):
+    """Q diag(eigenvalues) Qᵀ for a random orthogonal Q: a matrix whose spectrum is known by construction."""
+    Q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(len(eigenvalues),) * 2))
+    return (Q * np.asarray(eigenvalues, dtype=float)) @ Q.T
+
+
+@pytest.mark.parametrize("s, R, sigma2, expected", [
+    # Σ spectrum {1, 3}: Δ_Σ = 2, s_min = 1; R = [[1, .5], [.5, 1]] has eigenvalues {0.5, 1.5}: Δ_R = 1;
+    # M = tr Σ + σ² = 4 + 1 = 5, so Δ_Σ²Δ_R²/(M + s_min)² = 4/36 = 1/9. The ratio 1/3 ≠ 1 keeps the slips
+    # apart: no square 1/3, numerator squared only 4/6, denominator squared only 2/36.
+    ([1.0, 3.0], [[1.0, 0.5], [0.5, 1.0]], 1.0, 1.0 / 9.0),
+    # Σ spectrum {0.5, 1.5, 2.5}: Δ_Σ = 2, s_min = 0.5; R = [[1,1,0],[1,1,0],[0,0,1]] has eigenvalues
+    # {2, 1, 0}: Δ_R = 2 − 1 = 1 over the nonzero ones (2 with the zero); M = 4.5 + 0.5 = 5, so
+    # 2²·1²/(5 + 0.5)² = 4/30.25. Without the square 2/5.5; with the zero eigenvalue 16/30.25.
+    ([0.5, 1.5, 2.5], [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]], 0.5, 4.0 / 30.25),
+], ids=["d2-full-rank-R", "d3-singular-R"])
+def test_contraction_bound_value(s, R, sigma2, expected):
+    """Lemma 2's bound Δ_Σ²Δ_R²/(M + s_min)² on spectra chosen by hand (Σ rotated so it is not diagonal)."""
+    Sigma = _rotated(s, seed=len(s))
+    assert W.contraction_bound(Sigma, np.asarray(R), sigma2) == pytest.approx(expected, rel=1e-12)
+
+
 def test_spectral_gap_uses_nonzero_eigenvalues():
     R, _ = W.two_task_correlation(4, r1=0.0, r2=1.0)  # eigenvalues {4, 4, 0, ..., 0}
     dS, dR = W.spectral_gaps(np.diag([1.0, 3.0]), R)
