@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from iclab._malloc import retain_freed_memory
+from iclab.errors import ConfigError
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
@@ -53,7 +54,7 @@ def test_bad_setting_is_named(monkeypatch):
     monkeypatch.setenv("ICLAB_MALLOC", "sometimes")
     retain_freed_memory.cache_clear()
     try:
-        with pytest.raises(ValueError, match="ICLAB_MALLOC must be 'retain' or 'system'"):
+        with pytest.raises(ConfigError, match="ICLAB_MALLOC must be one of retain, system"):
             retain_freed_memory()
     finally:
         retain_freed_memory.cache_clear()

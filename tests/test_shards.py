@@ -183,7 +183,7 @@ def _cli(*args, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["linattn.fig1", "--executor", "local"], "error: linattn.fig1 declares no shards: run it without --executor"),
-    (["gating.fig1", "--executor", "local", "--workers", "0"], "error: workers must be ≥ 1 (got 0)"),
+    (["gating.fig1", "--executor", "local", "--workers", "0"], "error: workers must be an integer ≥ 1 (got 0)"),
     (["gating.fig1", "--executor", "dask"], "error: executor must be one of local, ray (got 'dask')"),
     (["gating.fig1", "--workers", "2"], "error: --workers and --address apply to a sharded run"),
     (["gating.fig1", "--executor", "local", "--address", "auto"], "error: --address applies to --executor ray only"),

@@ -226,11 +226,11 @@ def test_a_read_only_mount_is_one_line_exit_2(store, tmpfs):
 # -- 4. checkpoints -------------------------------------------------------------------------------------
 
 def test_a_truncated_checkpoint_is_ignored_with_a_warning(tmp_path):
-    from iclab.launch import resolve_config
-    from iclab.store import Store, config_hash
+    from iclab.launch import identify, resolve_config
+    from iclab.store import Store
 
     exp, config = resolve_config(DEMO, "quick", {"H": 3})
-    digest = config_hash(exp.id, config.model_dump(mode="json"))
+    digest = identify(exp, config, "quick").digest
     running = Store(tmp_path).running_dir(exp.id, digest)
     running.mkdir(parents=True)
     (running / "001-ATTN_M_population_engine-1.npz").write_bytes(b"PK\x03\x04xxxx")

@@ -299,7 +299,7 @@ def test_index_survives_concurrent_writers(tmp_path):
         from iclab.store import Store
         s = Store({str(tmp_path)!r})
         for i in range(60):
-            row = s.begin("x.fig1", "h%d" % i, "quick", {{"i": i}})
+            row = s.begin("x.fig1", "%016x" % i, "quick", {{"i": i}})
             s.end(row, "done", 0.1, 1, 1)
     """
     procs = [_python(code) for _ in range(4)]
@@ -317,13 +317,15 @@ def test_old_index_is_migrated_to_the_new_statuses(tmp_path):
         CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, run_dir TEXT NOT NULL, experiment TEXT NOT NULL,
             config_hash TEXT NOT NULL, preset TEXT, status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
             started REAL NOT NULL, ended REAL, wall_s REAL, checks_passed INTEGER, checks_total INTEGER, error TEXT);
-        INSERT INTO runs (run_dir, experiment, config_hash, preset, status, started) VALUES ('d', 'x', 'h', 'quick', 'done', 1.0);
+        INSERT INTO runs (run_dir, experiment, config_hash, preset, status, started)
+            VALUES ('x-000000000000000a', 'x', '000000000000000a', 'quick', 'done', 1.0);
     """)
     con.commit()
     con.close()
     store = Store(tmp_path)
-    row = store.begin("x", "h2", "quick")
+    row = store.begin("x", "000000000000000b", "quick")
     store.end(row, "diverged", 1.0, 0, 0, error="loss not finite", diverged_step=3, last_finite_loss=2.0)
     rows = store.rows()
-    assert [(r["config_hash"], r["status"]) for r in rows] == [("h2", "diverged"), ("h", "done")]
+    assert [(r["config_hash"], r["status"]) for r in rows] == [("000000000000000b", "diverged"),
+                                                                ("000000000000000a", "done")]
     assert rows[0]["diverged_step"] == 3

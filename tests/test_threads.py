@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from iclab import threads
+from iclab.errors import ConfigError
 from iclab.cli import main
 
 
@@ -29,7 +30,7 @@ def test_requested_threads_reads_iclab_threads(monkeypatch):
     assert threads.requested_threads() == 3 and threads.thread_count() == 3
     for bad in ("0", "-2", "two", "1.5"):
         monkeypatch.setenv("ICLAB_THREADS", bad)
-        with pytest.raises(ValueError, match="ICLAB_THREADS must be an integer ≥ 1"):
+        with pytest.raises(ConfigError, match="ICLAB_THREADS must be an integer ≥ 1"):
             threads.requested_threads()
 
 

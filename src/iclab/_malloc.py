@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 
 __all__ = ["retain_freed_memory"]
 
@@ -35,12 +34,11 @@ def retain_freed_memory() -> bool:
         True if glibc accepted the settings; False where ``ICLAB_MALLOC=system``, or the C library is not
         glibc.
     Raises:
-        ValueError: ``ICLAB_MALLOC`` is neither ``retain`` nor ``system``.
+        iclab.errors.ConfigError: ``ICLAB_MALLOC`` is neither ``retain`` nor ``system``.
     """
-    mode = os.environ.get("ICLAB_MALLOC", "retain").strip().lower()
-    if mode not in ("retain", "system"):
-        raise ValueError(f"ICLAB_MALLOC must be 'retain' or 'system' (got {mode!r})")
-    if mode == "system":
+    from iclab.settings import malloc_mode
+
+    if malloc_mode() == "system":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -37,16 +37,14 @@ DEFAULT_EVERY_SECONDS = 60.0
 
 
 def env_settings() -> tuple[int | None, float | None]:
-    """(every_chunks, every_seconds) from ``ICLAB_CHECKPOINT_EVERY`` / ``ICLAB_CHECKPOINT_SECONDS``."""
-    every = os.environ.get("ICLAB_CHECKPOINT_EVERY")
-    seconds = os.environ.get("ICLAB_CHECKPOINT_SECONDS")
-    try:
-        every_i = int(every) if every not in (None, "") else None
-        seconds_f = float(seconds) if seconds not in (None, "") else None
-    except ValueError:
-        raise ValueError("ICLAB_CHECKPOINT_EVERY must be an integer and ICLAB_CHECKPOINT_SECONDS a number "
-                         f"(got {every!r}, {seconds!r})") from None
-    return every_i, seconds_f
+    """(every_chunks, every_seconds) from ``ICLAB_CHECKPOINT_EVERY`` / ``ICLAB_CHECKPOINT_SECONDS``.
+
+    Raises:
+        iclab.errors.ConfigError: a value out of its range (one line; :mod:`iclab.settings`).
+    """
+    from iclab import settings
+
+    return settings.checkpoint_every(), settings.checkpoint_seconds()
 
 
 class RunCheckpoints:

@@ -1,8 +1,10 @@
 """The ``iclab`` command: a thin layer over :mod:`iclab.launch`, :mod:`iclab.sweep` and the
 experiment registry.
 
-User errors print one line and exit 2; a failing check (or a diverged or failed point) makes
-``run`` and ``sweep`` exit 1; bugs keep their traceback.
+Exit codes: 0 success; 1 a check failed (or a point diverged or failed, or a stored result is damaged
+and ``--no-repair`` was given); 2 bad input (one line naming the field and what is allowed: every
+:class:`iclab.errors.UserError`, nothing written); 3 a user's experiment raised (one line pointing at
+the run's ``error.txt``, where its traceback is kept). Bugs of iclab's keep their traceback.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from typer.exceptions import TyperException
 from rich.console import Console
 from rich.table import Table
 
+from iclab import settings
 from iclab.bench import BENCHMARKS
+from iclab.errors import ConfigError, RunDamaged, RunFailed, UserError
 from iclab.launch import (
-    RunDamaged,
-    UserError,
     experiment_or_error,
     parse_assignments,
     path_overrides,
@@ -31,7 +33,7 @@ from iclab.launch import (
     writable_file,
     writable_folder,
 )
-from iclab.store import StoreError
+from iclab.store import readable_root as _readable_root
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="iclab: reproduce and check the theory of in-context learning in attention models.")
@@ -128,13 +130,15 @@ def run_cmd(
     overrides = parse_assignments(assignments)
     for key, value in path_overrides(experiment, model_path=model_path, data_path=data_path).items():
         if key in overrides:
-            raise UserError(f"{key} is set by both --set and --{key.replace('_', '-')}")
+            raise ConfigError(f"{key} is set by both --set and --{key.replace('_', '-')}")
         overrides[key] = value
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
                             reporter=default_reporter(), checkpoint_every=checkpoint_every, repair=not no_repair,
                             executor=executor, workers=workers, address=address,
                             on_wait=lambda: print("another process is computing this run: waiting for it",
                                                   file=sys.stderr))
+    if result.recomputed:
+        print(f"note: computed again: {result.recomputed}", file=sys.stderr)
     if as_json:
         print(_json(result.as_dict(), indent=2))
     elif result.status == "diverged":
@@ -204,7 +208,7 @@ def sweep_cmd(
         out.print(table)
         return
     if threads is not None and threads < 1:
-        raise UserError(f"--threads must be ≥ 1 (got {threads})")
+        raise ConfigError(f"--threads must be ≥ 1 (got {threads})")
     _threads(None)  # a bad ICLAB_THREADS is one line here too
     result = run_sweep(experiment, grid, preset, overrides, seeds=seeds, root=out_dir, executor=executor,
                        address=address, workers=workers, retries=retries, force=force,
@@ -240,12 +244,12 @@ def runs_cmd(
     from iclab.store import STATUSES, Store
 
     if status is not None and status not in STATUSES:
-        raise UserError(f"--status must be one of {', '.join(STATUSES)} (got {status!r})")
+        raise ConfigError(f"--status must be one of {', '.join(STATUSES)} (got {status!r})")
     if limit is not None and limit < 1:
-        raise UserError(f"--limit must be ≥ 1 (got {limit})")
-    store = Store(readable_root(results))
-    rows = store.rows(experiment=experiment, status=status)
-    if experiment is not None and not rows and not store.rows(experiment=experiment):
+        raise ConfigError(f"--limit must be ≥ 1 (got {limit})")
+    store = Store(readable_root(results), readonly=True)
+    rows = store.rows(experiment=experiment, status=status, on_invalid=_warn_invalid)
+    if experiment is not None and not rows and not store.rows(experiment=experiment, on_invalid=lambda _: None):
         _known_experiment(experiment)
     if limit is not None:
         rows = rows[:limit]
@@ -254,13 +258,13 @@ def runs_cmd(
             r["config"] = json.loads(r["config"]) if r.get("config") else None
         print(_json(rows, indent=2))
         return
-    table = Table("id", "experiment", "hash", "preset", "status", "checks", "wall", "started", "error")
+    table = Table("id", "experiment", "key", "code", "preset", "status", "checks", "wall", "started", "error")
     for r in rows:
         colour = {"done": "green", "running": "yellow"}.get(r["status"], "red")
         checks = f"{r['checks_passed']}/{r['checks_total']}" if r["checks_total"] is not None else "–"
         wall = f"{r['wall_s']:.1f} s" if r["wall_s"] is not None else "–"
         started = time.strftime("%m-%d %H:%M", time.localtime(r["started"]))
-        table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], r["preset"] or "",
+        table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], (r.get("code") or "–")[:8], r["preset"] or "",
                       f"[{colour}]{r['status']}[/{colour}]", checks, wall, started, (r["error"] or "")[:60])
     out.print(table)
     out.print(f"{len(rows)} runs in {store.root}")
@@ -275,11 +279,19 @@ def export_cmd(
 ) -> None:
     """Write one table of configs and metrics (check values) across the stored runs of an experiment."""
     from iclab.export import FORMATS, export_rows, write_csv, write_parquet
+    from iclab.names import is_name
+    from iclab.store import Store
 
-    exp = experiment_or_error(experiment)
     if fmt not in FORMATS:
-        raise UserError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
     root = readable_root(results)
+    try:
+        exp = experiment_or_error(experiment)
+        exp_id, fields = exp.id, list(exp.config.model_fields)
+    except UserError:  # an experiment this code does not define: export what the store holds of it
+        if not is_name(experiment) or not Store(root, readonly=True).folders(experiment):
+            raise
+        exp_id, fields = experiment, []
     if out_file is not None:
         writable_file(out_file, "--out")
     if fmt == "parquet":
@@ -287,13 +299,13 @@ def export_cmd(
             import pyarrow  # noqa: F401
             import pyarrow.parquet  # noqa: F401
         except ImportError:
-            raise UserError("parquet export needs pyarrow: pip install pyarrow (or 'iclab[parquet]'), "
+            raise ConfigError("parquet export needs pyarrow: pip install pyarrow (or 'iclab[parquet]'), "
                             "or use --format csv") from None
-    columns, rows = export_rows(root, exp.id, list(exp.config.model_fields), on_damaged=_warn_damaged)
+    columns, rows = export_rows(root, exp_id, fields, on_damaged=_warn_damaged, on_invalid=_warn_invalid)
     if not rows:
-        print(f"No stored runs of {exp.id} in {root}: run it first, e.g. `iclab run {exp.id}`.", file=sys.stderr)
+        print(f"No stored runs of {exp_id} in {root}: run it first, e.g. `iclab run {exp_id}`.", file=sys.stderr)
         raise typer.Exit(1)
-    path = Path(out_file).expanduser() if out_file is not None else Path(root) / "exports" / f"{exp.id}.{fmt}"
+    path = Path(out_file).expanduser() if out_file is not None else Path(root) / "exports" / f"{exp_id}.{fmt}"
     writable_folder(path.parent, "the exports folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     (write_csv if fmt == "csv" else write_parquet)(path, columns, rows)
@@ -312,7 +324,7 @@ def report_cmd(
     root = readable_root(results)
     site = writable_folder(out_dir, "--out") if out_dir is not None else writable_folder(root / "report", "the report folder")
     try:
-        index = build_site(root, site, on_damaged=_warn_damaged)
+        index = build_site(root, site, on_damaged=_warn_damaged, on_invalid=_warn_invalid)
     except FileNotFoundError:
         print(f"No finished runs in {root}: run an experiment first, e.g. `iclab run linattn.fig1`, "
               "then `iclab report`.", file=sys.stderr)
@@ -333,12 +345,12 @@ def bench_cmd(
     from iclab.bench import run_benchmark
 
     if name not in BENCHMARKS:
-        raise UserError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+        raise ConfigError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     _threads(None)
     try:
         result = run_benchmark(name)
     except RuntimeError as err:  # e.g. a timing lost in noise: say so in one line, report nothing
-        raise UserError(f"bench {name}: {err}") from None
+        raise ConfigError(f"bench {name}: {err}") from None
     if as_json:
         print(json.dumps(result, indent=2, default=float))
         return
@@ -356,7 +368,7 @@ def verify_cmd(
     """Check every stored run folder against its manifest (sizes and SHA-256 of its files); exit 1 on damage."""
     from iclab.store import Store
 
-    store = Store(readable_root(results))
+    store = Store(readable_root(results), readonly=True)
     if experiment is not None and not store.folders(experiment):
         _known_experiment(experiment)
     folders = store.folders(experiment)
@@ -392,52 +404,38 @@ def index_rebuild_cmd(
 
 
 def _threads(threads: Optional[int]) -> None:
-    """Applies ``--threads`` (before anything computes); checks ``ICLAB_THREADS`` and ``ICLAB_MALLOC`` in one line."""
+    """Applies ``--threads`` (before anything computes); ``ICLAB_THREADS`` and ``ICLAB_MALLOC`` were checked by
+    :func:`main` (:func:`iclab.settings.check_environment`)."""
     from iclab._malloc import retain_freed_memory
-    from iclab.threads import requested_threads, set_threads
+    from iclab.threads import set_threads
 
-    try:
-        retain_freed_memory()
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    retain_freed_memory()
     if threads is not None:
         if threads < 1:
-            raise UserError(f"--threads must be ≥ 1 (got {threads})")
+            raise ConfigError(f"--threads must be ≥ 1 (got {threads})")
         set_threads(threads)
-        return
-    try:
-        requested_threads()
-    except ValueError as err:
-        raise UserError(str(err)) from None
 
 
 def readable_root(results: Optional[str]) -> Path:
-    """The results root a reading command uses: one line (UserError) when it names a file or lies under one."""
-    from iclab.store import default_root
-
-    if results is not None and not str(results).strip():
-        raise UserError("--results is empty: name a folder")
-    root = Path(results).expanduser() if results is not None else default_root()
-    probe = root
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        what = "--results" if results is not None else "ICLAB_RESULTS"
-        raise UserError(f"{what} {root} {'names a file' if probe == root else f'lies under the file {probe}'}: "
-                        "name a folder")
-    return root
+    """The results root a reading command uses: one line (StoreError) when it is empty, names a file or lies
+    under one, or is a symbolic link that leads nowhere (:func:`iclab.store.readable_root`)."""
+    return _readable_root(results)
 
 
 def _known_experiment(experiment: str) -> None:
     from iclab.experiments import all_experiments
 
     if experiment not in all_experiments():
-        raise UserError(f"unknown experiment {experiment!r}; known: {', '.join(all_experiments())}")
+        raise ConfigError(f"unknown experiment {experiment!r}; known: {', '.join(all_experiments())}")
 
 
 def _warn_damaged(path: Path, problems: list[str]) -> None:
     print(f"warning: skipping the damaged run {path.name}: {'; '.join(problems)} (`iclab verify` lists them)",
           file=sys.stderr)
+
+
+def _warn_invalid(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def _json(obj, indent: int = 2) -> str:
@@ -460,16 +458,20 @@ def _fmt(x) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the app, turning user errors into one line on stderr and exit code 2."""
+    """Entry point: runs the app, turning user errors into one line on stderr and exit code 2 (module docstring)."""
     try:
+        settings.check_environment()
         # Without standalone mode, an Exit(code) raised in a command comes back as the return value.
         rc = app(args=argv, standalone_mode=False)
-    except (UserError, StoreError) as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
-        return 2
     except RunDamaged as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 1
+    except UserError as err:
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except RunFailed as err:
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+        return 3
     except typer.Exit as err:
         return err.exit_code
     except (typer.Abort, KeyboardInterrupt):

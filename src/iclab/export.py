@@ -1,11 +1,12 @@
 """One table of configs and metrics across the stored runs of an experiment (``iclab export``).
 
-A row per stored run folder (``done`` or ``diverged``), plus a row per config whose latest
-attempt ``failed`` and that has no folder. Columns: experiment, preset, config_hash, status,
-passed, checks_passed, checks_total, diverged_step, last_finite_loss, error, then one column per
-config field (``config.<name>``; lists as JSON) and one per check (``check.<name>``: the measured
-value). Rows are sorted by config values, so the same set of runs always gives the same file.
-Wall times are left out for the same reason (they live in the index: ``iclab runs``).
+A row per stored run folder (``done``, ``diverged`` or ``failed``), plus a row per run whose latest
+attempt ``failed`` and that has no folder. Columns: experiment, preset, config_hash (the run key), code
+(the code identity's digest), status, passed, checks_passed, checks_total, diverged_step,
+last_finite_loss, error, then one column per config field (``config.<name>``; lists as JSON) and one
+per check (``check.<name>``: the measured value). Rows are sorted by config values, so the same set of
+runs always gives the same file. Wall times are left out for the same reason (they live in the index:
+``iclab runs``). The store is read as data, read-only (:mod:`iclab.store`).
 """
 
 from __future__ import annotations
@@ -13,59 +14,62 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 from pathlib import Path
 
 from iclab.store import Store
 
 FORMATS = ("csv", "parquet")
-FIXED = ["experiment", "preset", "config_hash", "status", "passed", "checks_passed", "checks_total",
+FIXED = ["experiment", "preset", "config_hash", "code", "status", "passed", "checks_passed", "checks_total",
          "diverged_step", "last_finite_loss", "error"]
 
 
 def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[str] | None = None, *,
-                on_damaged=None) -> tuple[list[str], list[dict]]:
+                on_damaged=None, on_invalid=None) -> tuple[list[str], list[dict]]:
     """(columns, rows) of every stored run of ``exp_id`` under ``root``.
 
     Args:
         root: the results root; exp_id: the experiment; field_order: config fields first in the columns.
         on_damaged: called with (folder, problems) for each damaged folder, which is skipped.
+        on_invalid: called with one line for each index row skipped (its names would leave the root).
     """
-    store = Store(root)
-    pattern = re.compile(rf"^{re.escape(exp_id)}-([0-9a-f]{{16}})$")
+    store = Store(root, readonly=True)
     rows, configs = [], []
-    if store.root.is_dir():
-        for path in sorted(store.root.iterdir()):
-            m = pattern.match(path.name)
-            if not m or not (path / "metrics.json").is_file():
-                continue
-            problems = store.verify(path)
-            if problems:
-                if on_damaged is not None:
-                    on_damaged(path, problems)
-                continue
-            metrics = json.loads((path / "metrics.json").read_text())
-            cfg = json.loads((path / "config.json").read_text())
-            checks = metrics.get("checks", [])
-            div = metrics.get("diverged") or {}
-            row = {"experiment": exp_id, "preset": cfg.get("preset"), "config_hash": m.group(1),
-                   "status": metrics.get("status", "done"), "passed": bool(metrics.get("passed")),
-                   "checks_passed": sum(bool(c["passed"]) for c in checks), "checks_total": len(checks),
-                   "diverged_step": div.get("step"), "last_finite_loss": div.get("last_finite_loss"),
-                   "error": div.get("message")}
-            row.update({f"check.{c['name']}": c["measured"] for c in checks})
-            rows.append(row)
-            configs.append(cfg.get("config", {}))
+    for path in store.folders(exp_id):
+        problems = store.verify(path)
+        if problems:
+            if on_damaged is not None:
+                on_damaged(path, problems)
+            continue
+        metrics = json.loads((path / "metrics.json").read_text())
+        cfg = json.loads((path / "config.json").read_text())
+        checks = metrics.get("checks", [])
+        div = metrics.get("diverged") if isinstance(metrics.get("diverged"), dict) else {}
+        code = metrics.get("code") if isinstance(metrics.get("code"), dict) else {}
+        status = metrics.get("status", "done")
+        row = {"experiment": exp_id, "preset": cfg.get("preset"), "config_hash": path.name.rsplit("-", 1)[1],
+               "code": code.get("digest"), "status": status, "passed": bool(metrics.get("passed")),
+               "checks_passed": sum(bool(c["passed"]) for c in checks), "checks_total": len(checks),
+               "diverged_step": div.get("step"), "last_finite_loss": div.get("last_finite_loss"),
+               "error": div.get("message") if status == "diverged" else metrics.get("error")}
+        if status == "failed":
+            row.update(checks_passed=None, checks_total=None)
+        row.update({f"check.{c['name']}": c.get("measured") for c in checks})
+        rows.append(row)
+        configs.append(cfg.get("config", {}))
     stored = {r["config_hash"] for r in rows}
     latest: dict[str, dict] = {}
-    for r in (store.rows(experiment=exp_id) if store.index_path.exists() else []):  # newest first
+    for r in store.rows(experiment=exp_id, on_invalid=on_invalid):  # newest first
         latest.setdefault(r["config_hash"], r)
     for digest, r in sorted(latest.items()):
         if r["status"] == "failed" and digest not in stored and r.get("config"):
-            rows.append({"experiment": exp_id, "preset": r["preset"], "config_hash": digest, "status": "failed",
-                         "passed": False, "checks_passed": None, "checks_total": None, "diverged_step": None,
-                         "last_finite_loss": None, "error": r["error"]})
-            configs.append(json.loads(r["config"]))
+            try:
+                config = json.loads(r["config"])
+            except ValueError:
+                continue
+            rows.append({"experiment": exp_id, "preset": r["preset"], "config_hash": digest, "code": r.get("code"),
+                         "status": "failed", "passed": False, "checks_passed": None, "checks_total": None,
+                         "diverged_step": None, "last_finite_loss": None, "error": r["error"]})
+            configs.append(config if isinstance(config, dict) else {})
     names = list(field_order or [])
     for cfg in configs:
         names += [k for k in sorted(cfg) if k not in names]

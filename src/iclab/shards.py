@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iclab.launch import UserError, experiment_ref, worker_config
+from iclab.errors import ConfigError
+from iclab.launch import checked_arrays, experiment_ref, worker_config
 from iclab.progress import Reporter, RunReporter, task
 from iclab.store import Store
 
@@ -64,16 +65,16 @@ def check_options(executor: str | None, workers: int | None, address: str | None
     """
     if executor is None:
         if workers is not None or address is not None:
-            raise UserError("--workers and --address apply to a sharded run: add --executor local or --executor ray")
+            raise ConfigError("--workers and --address apply to a sharded run: add --executor local or --executor ray")
         return
     if executor not in EXECUTORS:
-        raise UserError(f"executor must be one of {', '.join(EXECUTORS)} (got {executor!r})")
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be ≥ 1 (got {workers})")
-    if address is not None and executor != "ray":
-        raise UserError("--address applies to --executor ray only")
-    if retries < 0:
-        raise UserError(f"retries must be ≥ 0 (got {retries})")
+        raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)} (got {executor!r})")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ConfigError(f"workers must be an integer ≥ 1 (got {workers!r})")
+    if address is not None and (executor != "ray" or not isinstance(address, str)):
+        raise ConfigError("--address applies to --executor ray only, as host:port or auto")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ConfigError(f"retries must be an integer ≥ 0 (got {retries!r})")
 
 
 def shard_names(exp, config) -> list[str]:
@@ -86,7 +87,7 @@ def shard_names(exp, config) -> list[str]:
         ValueError: names that repeat, are empty or are not file-safe (a bug of the experiment).
     """
     if not getattr(exp, "sharded", False):
-        raise UserError(f"{exp.id} declares no shards: run it without --executor (or sweep a grid with iclab sweep)")
+        raise ConfigError(f"{exp.id} declares no shards: run it without --executor (or sweep a grid with iclab sweep)")
     names = list(exp.shards(config))
     if not names:
         raise ValueError(f"{exp.id}: shards(config) returned no shard")
@@ -123,7 +124,7 @@ class ShardCache:
             meta = json.loads(side.read_text())
             if npz.stat().st_size != meta["size"] or _sha256(npz) != meta["sha256"]:
                 raise ValueError("differs from its recorded size or SHA-256")
-            with np.load(npz) as z:
+            with np.load(npz, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError, KeyError, TypeError, EOFError) as err:
             print(f"warning: the cached shard {name} is damaged ({type(err).__name__}: {err}): computing it again",
@@ -205,7 +206,7 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
             "label": div.label, "step": div.step, "t": div.t, "last_finite_step": div.last_finite_step,
             "last_finite_t": div.last_finite_t, "last_finite_loss": div.last_finite_loss})
     else:
-        out.update(status="done", arrays={k: np.asarray(v) for k, v in arrays.items()})
+        out.update(status="done", arrays=checked_arrays(exp.id, arrays, "run_shard(config, name, reporter)"))
     out["wall_s"] = time.perf_counter() - start
     out["resumed"] = [f"shard {name}: {e}" for e in (checkpoints.events if checkpoints is not None else [])]
     if running_dir is not None and driver_host is not None and driver_host != socket.gethostname():
@@ -290,4 +291,5 @@ def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local
                 cancel = False
             finally:
                 ex.close(cancel=cancel)
-    return exp.assemble(config, {name: parts[name] for name in names}, reporter)
+    return checked_arrays(exp.id, exp.assemble(config, {name: parts[name] for name in names}, reporter),
+                          "assemble(config, shards, reporter)")

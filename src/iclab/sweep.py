@@ -35,21 +35,32 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collections.abc import Mapping
+
+from iclab import settings
+from iclab.errors import ConfigError, UserError
 from iclab.launch import (
-    UserError,
+    ExperimentRaised,
+    RunIdentity,
+    _check_api_arguments,
+    _reusable,
     checkpoint_settings,
+    code_of,
     compute_point,
     end_row,
-    _reusable,
     experiment_or_error,
     experiment_ref,
+    identify,
+    not_reused,
     resolve_config,
     results_root,
+    shorten,
+    store_failure,
     store_payload,
 )
 from iclab.progress import SweepProgress
+from iclab.store import Store
 from iclab.threads import available_cores, set_threads
-from iclab.store import Store, config_hash
 
 MAX_POINTS = 10_000
 EXECUTORS = ("local", "ray")
@@ -95,13 +106,13 @@ def parse_grid_option(text: str) -> tuple[str, list]:
     """``key=v1,v2,...`` (or ``key=[v1,v2]`` in JSON) as (key, values); values read as JSON when
     they parse, else as strings."""
     if "=" not in text:
-        raise UserError(f"--grid expects key=v1,v2,... (got {text!r})")
+        raise ConfigError(f"--grid expects key=v1,v2,... (got {text!r})")
     key, raw = text.split("=", 1)
     key, raw = key.strip(), raw.strip()
     if not key:
-        raise UserError(f"--grid expects key=v1,v2,... (got {text!r})")
+        raise ConfigError(f"--grid expects key=v1,v2,... (got {text!r})")
     if not raw:
-        raise UserError(f"--grid {key}: no values (got {text!r})")
+        raise ConfigError(f"--grid {key}: no values (got {text!r})")
     try:
         whole = json.loads(raw)
     except json.JSONDecodeError:
@@ -109,11 +120,11 @@ def parse_grid_option(text: str) -> tuple[str, list]:
     else:
         if isinstance(whole, list):
             if not whole:
-                raise UserError(f"--grid {key}: no values (got {text!r})")
+                raise ConfigError(f"--grid {key}: no values (got {text!r})")
             return key, whole
     parts = split_values(raw)
     if any(not p.strip() for p in parts):
-        raise UserError(f"--grid {key}: empty value in {raw!r}")
+        raise ConfigError(f"--grid {key}: empty value in {raw!r}")
     return key, [_value(p) for p in parts]
 
 
@@ -122,7 +133,7 @@ def parse_grid(texts: list[str] | None) -> dict[str, list]:
     for text in texts or []:
         key, values = parse_grid_option(text)
         if key in grid:
-            raise UserError(f"--grid {key} given twice")
+            raise ConfigError(f"--grid {key} given twice")
         grid[key] = values
     return grid
 
@@ -131,11 +142,20 @@ def parse_grid(texts: list[str] | None) -> dict[str, list]:
 
 @dataclass
 class Point:
-    """One grid point: its grid values, resolved config and config hash."""
+    """One grid point: its grid values and run identity (resolved config, code, run key)."""
 
     values: dict
-    config: dict
-    digest: str
+    ident: RunIdentity
+
+    @property
+    def config(self) -> dict:
+        """The resolved config (JSON types)."""
+        return self.ident.config
+
+    @property
+    def digest(self) -> str:
+        """The run key."""
+        return self.ident.digest
 
     @property
     def label(self) -> str:
@@ -191,38 +211,45 @@ def plan_sweep(exp_id: str, grid: dict[str, list] | None = None, preset: str = "
                overrides: dict | None = None, seeds: int | None = None) -> tuple[object, list[Point]]:
     """Every point of the grid, validated (UserError on the first invalid one), duplicates removed."""
     exp = experiment_or_error(exp_id)
-    if preset not in exp.presets:
-        raise UserError(f"preset must be one of {', '.join(exp.presets)} (got {preset!r})")
+    if not isinstance(preset, str) or preset not in exp.presets:
+        raise ConfigError(f"preset must be one of {', '.join(exp.presets)} (got {shorten(preset)})")
+    if grid is not None and not isinstance(grid, Mapping):
+        raise ConfigError(f"grid must be a dict of config fields to lists of values, {{field: [v1, v2]}} (got "
+                          f"{type(grid).__name__})")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides must be a dict of config fields, {{field: value}} (got {type(overrides).__name__})")
+    if grid and any(not isinstance(k, str) for k in grid):
+        raise ConfigError(f"grid's keys must be config field names (str) (got {shorten(next(k for k in grid if not isinstance(k, str)))})")
     if not grid:
         grid = dict(getattr(exp, "grid", None) or {})
         if not grid:
-            raise UserError(f"{exp.id} declares no grid: give one with --grid key=v1,v2,...")
+            raise ConfigError(f"{exp.id} declares no grid: give one with --grid key=v1,v2,...")
     overrides = dict(overrides or {})
     for key, values in grid.items():
         if key in overrides:
-            raise UserError(f"{key} is set by both --set and --grid")
+            raise ConfigError(f"{key} is set by both --set and --grid")
         if key == "seeds" and seeds is not None:
-            raise UserError("seeds is set by both --seeds and --grid")
-        if not isinstance(values, list) or not values:
-            raise UserError(f"--grid {key}: no values")
+            raise ConfigError("seeds is set by both --seeds and --grid")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ConfigError(f"grid {key} must be a non-empty list of values (got {shorten(values)})")
     size = 1
     for values in grid.values():
         size *= len(values)
     if size > MAX_POINTS:
-        raise UserError(f"the grid has {size} points; at most {MAX_POINTS}")
+        raise ConfigError(f"the grid has {size} points; at most {MAX_POINTS}")
     points, seen = [], set()
-    for combo in itertools.product(*grid.values()):
+    code = code_of(exp)
+    for combo in itertools.product(*(list(v) for v in grid.values())):
         values = dict(zip(grid, combo))
         try:
             _, config = resolve_config(exp.id, preset, {**overrides, **values}, seeds)
         except UserError as err:
-            label = " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
-            raise UserError(f"grid point {label}: {err}") from None
-        resolved = config.model_dump(mode="json")
-        digest = config_hash(exp.id, resolved)
-        if digest not in seen:
-            seen.add(digest)
-            points.append(Point(values, resolved, digest))
+            label = " ".join(f"{k}={json.dumps(v, default=repr)}" for k, v in values.items())
+            raise type(err)(f"grid point {label}: {err}") from None
+        ident = identify(exp, config, preset, code)
+        if ident.digest not in seen:
+            seen.add(ident.digest)
+            points.append(Point(values, ident))
     return exp, points
 
 
@@ -339,7 +366,7 @@ class _Ray:
         try:
             import ray
         except ImportError:
-            raise UserError("the ray executor needs Ray: pip install 'iclab[ray]'") from None
+            raise ConfigError("the ray executor needs Ray: pip install 'iclab[ray]'") from None
         import logging
 
         self.ray = ray
@@ -353,7 +380,7 @@ class _Ray:
         except (ConnectionError, ValueError, RuntimeError) as err:
             sys.stdout = self._stdout
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"cannot connect to a Ray cluster at {address!r}: {first} "
+            raise ConfigError(f"cannot connect to a Ray cluster at {address!r}: {first} "
                             "(start one with `ray start --head`)") from None
         # One CPU per task, so one thread per task unless --threads says otherwise (then as many CPUs).
         self.threads = threads or 1
@@ -418,7 +445,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=10).close()
     except OSError as err:
-        raise UserError(f"cannot connect to a Ray cluster at {address!r}: {err.strerror or err} "
+        raise ConfigError(f"cannot connect to a Ray cluster at {address!r}: {err.strerror or err} "
                         "(start one with `ray start --head`)") from None
 
 
@@ -428,8 +455,20 @@ def _first_line(err: BaseException) -> str:
 
 
 def _error_text(err: BaseException) -> str:
+    if isinstance(err, ExperimentRaised):
+        return err.text
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _traceback_text(err: BaseException) -> str:
+    """A point's traceback: the worker's own (an experiment's exception travels with it), else the one Python
+    chained to the exception (a process pool attaches the worker's as its cause)."""
+    import traceback
+
+    if isinstance(err, ExperimentRaised):
+        return err.traceback_text
+    return "".join(traceback.format_exception(err))
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -473,14 +512,15 @@ def run_sweep(
     Raises:
         UserError: bad input (one line; nothing runs).
     """
+    settings.check_environment()
+    _check_api_arguments(force, True, retries)
     if executor not in EXECUTORS:
-        raise UserError(f"executor must be one of {', '.join(EXECUTORS)} (got {executor!r})")
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be ≥ 1 (got {workers})")
+        raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)} (got {shorten(executor)})")
+    for name, value in (("workers", workers), ("threads", threads)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{name} must be an integer ≥ 1 (got {shorten(value)})")
     if retries < 0:
-        raise UserError(f"retries must be ≥ 0 (got {retries})")
-    if threads is not None and threads < 1:
-        raise UserError(f"threads must be ≥ 1 (got {threads})")
+        raise ConfigError(f"retries must be ≥ 0 (got {retries})")
     every, seconds = checkpoint_settings(checkpoint_every, checkpoint_seconds)
     exp, points = plan_sweep(exp_id, grid, preset, overrides, seeds)
     start = time.perf_counter()
@@ -548,11 +588,13 @@ def run_sweep(
                 if force and attempts[point.digest] == 0:
                     shutil.rmtree(running, ignore_errors=True)
                 started = time.time()
-                row = store.begin(exp.id, point.digest, preset, point.config, started=started)
+                note = None if force else not_reused(store, point.ident)
+                row = store.begin(exp.id, point.digest, preset, point.config, started=started,
+                                  config_key=point.ident.config_key, code=point.ident.code["digest"])
                 attempts[point.digest] += 1
                 args = (experiment_ref(exp), point.config, point.digest, str(root_abs / ".running" / running.name),
                         every, seconds, driver_host)
-                inflight[ex.submit(args)] = (point, lock, row, time.perf_counter(), started)
+                inflight[ex.submit(args)] = (point, lock, row, time.perf_counter(), started, note)
                 progress.update(counts["done"], counts["failed"], counts["cached"], len(inflight))
             # Points held by other processes: take them over once their lock frees.
             if waiting and len(inflight) < ex.capacity:
@@ -569,7 +611,7 @@ def run_sweep(
             if not inflight:
                 continue
             for handle, payload, err in ex.wait(list(inflight), timeout=0.5):
-                point, lock, row, t0, started = inflight.pop(handle)
+                point, lock, row, t0, started, note = inflight.pop(handle)
                 wall = time.perf_counter() - t0
                 if isinstance(err, _Crash) and executor == "local" and attempts[point.digest] <= retries:
                     store.end(row, "interrupted", wall, error=f"{err}; retried")
@@ -577,11 +619,13 @@ def run_sweep(
                     continue
                 try:
                     if err is not None:
-                        store.end(row, "failed", wall, error=_error_text(err))
-                        finish(PointResult(point, "failed", None, [], _error_text(err), wall, attempts[point.digest]))
+                        text = _error_text(err)
+                        folder = store_failure(store, exp, point.ident, text, _traceback_text(err), wall_s=wall,
+                                               row=row, started=started)
+                        store.end(row, "failed", wall, error=text)
+                        finish(PointResult(point, "failed", folder, [], text, wall, attempts[point.digest]))
                     else:
-                        path = store_payload(store, exp.id, point.digest, preset, point.config, payload, row=row,
-                                             started=started)
+                        path = store_payload(store, exp, point.ident, payload, row=row, started=started, note=note)
                         end_row(store, row, payload)
                         shutil.rmtree(store.running_dir(exp.id, point.digest), ignore_errors=True)
                         div = payload.get("diverged")
@@ -595,7 +639,7 @@ def run_sweep(
         raise
     finally:
         ex.close(cancel=interrupted)
-        for point, lock, row, t0, _ in inflight.values():
+        for point, lock, row, t0, *_ in inflight.values():
             try:
                 store.end(row, "interrupted", time.perf_counter() - t0, error="the sweep was stopped")
             except Exception:  # noqa: BLE001 - an unwritable index must not hide why the sweep stopped

@@ -29,7 +29,9 @@ import os
 import sys
 import warnings
 
+from iclab import settings
 from iclab._llvm import denormals_flushed, restore_denormals  # standard library only at import
+from iclab.errors import ConfigError
 
 __all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "run_split", "set_threads",
            "thread_count"]
@@ -54,25 +56,16 @@ def requested_threads() -> int | None:
     """The thread count asked for by ``ICLAB_THREADS`` (None when unset).
 
     Raises:
-        ValueError: ``ICLAB_THREADS`` is not an integer ≥ 1 (one line).
+        iclab.errors.ConfigError: ``ICLAB_THREADS`` is not an integer ≥ 1 (one line; :mod:`iclab.settings`).
     """
-    text = os.environ.get("ICLAB_THREADS")
-    if text is None or not text.strip():
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"ICLAB_THREADS must be an integer ≥ 1 (got {text[:40]!r})") from None
-    if n < 1:
-        raise ValueError(f"ICLAB_THREADS must be an integer ≥ 1 (got {n})")
-    return n
+    return settings.threads()
 
 
 def thread_count() -> int:
     """The threads this process computes with: ``ICLAB_THREADS`` if set, else the available cores."""
     try:
         n = requested_threads()
-    except ValueError:
+    except ConfigError:
         n = None
     return n if n is not None else available_cores()
 
@@ -123,11 +116,17 @@ def _jax_backend_started() -> bool:
 
 
 def _apply_environment() -> None:
-    """``import iclab`` calls this first: ICLAB_THREADS sizes the pools before any runtime loads."""
+    """``import iclab`` calls this first: ICLAB_THREADS sizes the pools before any runtime loads.
+
+    A bad value is a warning here (an import must not fail); the CLI and every entry point of the API refuse
+    it in one line (:func:`iclab.settings.check_environment`)."""
     try:
         n = requested_threads()
-    except ValueError:
-        return  # the CLI reports a bad value in one line; the library keeps the defaults
+    except ConfigError as err:
+        command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        if command != "iclab" and not sys.argv[0].endswith(os.path.join("iclab", "cli.py")):
+            warnings.warn(f"{err}; the default thread pools are kept", stacklevel=3)  # the CLI says it in one line
+        n = None
     if n is not None:
         for name in POOL_VARIABLES:
             os.environ[name] = str(n)

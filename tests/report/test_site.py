@@ -47,12 +47,13 @@ def test_every_stored_experiment_gets_a_page(tmp_path):
     root = tmp_path / "r"
     store = Store(root)
     for exp in ("linattn.fig1", "other.fig2"):
-        store.write(exp, "h" + exp[-1], {
+        key = exp[-1] * 16  # a run key: 16 hex digits
+        store.write(exp, key, {
             "config.json": {"experiment": exp, "preset": "paper", "config": {"D": 4}},
             "metrics.json": {"checks": [{"name": "c", "measured": 1.0, "expected": 1.0, "tolerance": 0.1,
                                          "comparison": "abs", "passed": True, "note": ""}], "wall_s": 1.0},
         })
-        row = store.begin(exp, "h" + exp[-1], "paper")
+        row = store.begin(exp, key, "paper")
         store.end(row, "done", 1.0, 1, 1)
     build_site(root, tmp_path / "site")
     for exp in ("linattn.fig1", "other.fig2"):

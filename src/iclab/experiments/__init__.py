@@ -9,7 +9,14 @@ package runs with ``iclab run path/to/file.py:NAME``.
 
 from iclab.experiments import checks
 from iclab.experiments._config import ExperimentConfig, param
-from iclab.experiments._registry import Experiment, all_experiments, get_experiment, register, unregister
+from iclab.experiments._registry import (
+    Experiment,
+    all_experiments,
+    get_experiment,
+    paper_packages,
+    register,
+    unregister,
+)
 from iclab.experiments.checks import Check, check_abs, check_at_least, check_at_most, check_equal, check_rel
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "check_rel",
     "checks",
     "get_experiment",
+    "paper_packages",
     "param",
     "register",
     "unregister",

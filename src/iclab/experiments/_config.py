@@ -8,6 +8,7 @@ or that the paper leaves it unspecified.
 from __future__ import annotations
 
 import json
+import os
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -37,8 +38,9 @@ def param(default: Any, description: str, *, paper: Any = None, paper_note: str 
 class ExperimentConfig(BaseModel):
     """Fields shared by every experiment: the base seed and the number of seeds run (vmapped).
 
-    Every config refuses unknown fields, NaN and ±inf in any float field or list element, and booleans
-    given for numbers (``--set N=true`` is an error, not N = 1).
+    Every config refuses unknown fields, NaN and ±inf in any float field or list element, booleans given
+    for numbers (``--set N=true`` is an error, not N = 1) and strings given for numbers (``{"H": "7"}`` from
+    Python is an error, not H = 7: the CLI reads ``--set H=7`` as the number already).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
@@ -52,6 +54,9 @@ class ExperimentConfig(BaseModel):
                 if info is not None and _contains_bool(value) and not _admits_bool(info.annotation):
                     kind = "hold numbers, not booleans" if isinstance(value, (list, tuple)) else "be a number, not a boolean"
                     raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
+                if info is not None and _contains_str(value) and not _admits_str(info.annotation):
+                    kind = "hold numbers, not strings" if isinstance(value, (list, tuple)) else "be a number, not a string"
+                    raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
         return data
 
     seed: int = param(0, "base PRNG seed; seed s of a run uses fold_in(PRNGKey(seed), s)", ge=0, le=2**31 - 1)
@@ -62,6 +67,22 @@ def _contains_bool(value) -> bool:
     if isinstance(value, bool):
         return True
     return isinstance(value, (list, tuple)) and any(_contains_bool(v) for v in value)
+
+
+def _contains_str(value) -> bool:
+    if isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple)) and any(_contains_str(v) for v in value)
+
+
+def _admits_str(annotation) -> bool:
+    """Whether a field's type takes strings anywhere in it (str, a Literal of strings, a path, or a container or
+    union of one)."""
+    if annotation is Any or (isinstance(annotation, type) and issubclass(annotation, (str, os.PathLike))):
+        return True
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, str) for a in get_args(annotation))
+    return any(_admits_str(a) for a in get_args(annotation) if a is not Ellipsis)
 
 
 def _admits_bool(annotation) -> bool:

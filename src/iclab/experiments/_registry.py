@@ -16,6 +16,7 @@ import numpy as np
 
 from iclab.experiments._config import ExperimentConfig
 from iclab.experiments.checks import Check  # noqa: F401  (re-exported)
+from iclab.names import check_name
 
 
 @dataclass
@@ -75,6 +76,11 @@ class Experiment:
     assemble: Callable | None = None
 
     @property
+    def builtin(self) -> bool:
+        """Whether this is one of iclab's own experiments (defined in a module of :mod:`iclab.experiments`)."""
+        return getattr(self.run, "__module__", "").startswith("iclab.experiments.")
+
+    @property
     def sharded(self) -> bool:
         """Whether the experiment declares shards (``iclab run --executor`` can split it)."""
         return self.shards is not None
@@ -99,13 +105,24 @@ def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
     """Adds an experiment to the registry.
 
     Args:
-        experiment: the experiment; its id must be new unless ``replace``.
+        experiment: the experiment; its id (letters, digits, ``_ . -``: :mod:`iclab.names`) must be new unless
+            ``replace``; an experiment defined outside iclab may not take an id in the namespace of iclab's own
+            papers (``linattn.…``): the store would take its results for the built-in ones.
         replace: allow replacing an experiment of the same id (a notebook cell run again).
     Returns:
         The experiment.
+    Raises:
+        ValueError: one line naming what is wrong.
     """
-    if experiment.id in _REGISTRY and not replace:
+    check_name(experiment.id, "experiment id")
+    if experiment.id in _REGISTRY and (not replace or _REGISTRY[experiment.id].builtin != experiment.builtin):
         raise ValueError(f"experiment {experiment.id} registered twice")
+    paper = experiment.id.partition(".")[0]
+    if not experiment.builtin and paper in paper_packages():
+        raise ValueError(f"experiment id {experiment.id!r} lies in the namespace of iclab's own {paper!r} "
+                         "experiments; give it an id of its own (e.g. 'user.…')")
+    for name in experiment.presets:
+        check_name(name, f"experiment {experiment.id}: preset")
     for required in ("quick", "paper"):
         if required not in experiment.presets:
             raise ValueError(f"experiment {experiment.id} lacks the {required!r} preset")
@@ -119,6 +136,13 @@ def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
                          f"{', '.join(declared)})")
     _REGISTRY[experiment.id] = experiment
     return experiment
+
+
+def paper_packages() -> set[str]:
+    """The paper packages of :mod:`iclab.experiments` (``linattn``, ``gating``, ...)."""
+    import iclab.experiments as pkg
+
+    return {m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg and not m.name.startswith("_")}
 
 
 def unregister(exp_id: str) -> None:

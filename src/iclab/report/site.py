@@ -5,6 +5,12 @@ grouped by paper, with a thumbnail) and one page per experiment: its figure, the
 the resolved config with each value marked as the paper's or our choice, the notes that apply,
 the command that reproduces it, and the raw data (npz and a CSV of its main curves). Plain
 HTML and CSS, no scripts, no CDN: it opens from the file system.
+
+A results root is data (:mod:`iclab.store`): the site is built from the runs' own files (each run records
+its experiment's title, notes and field descriptions), read-only, with every stored text escaped, every
+name checked before it becomes a path, and nothing written outside ``out_dir``. No code named by the store
+is imported; iclab's own experiments are looked up in the installed package only for runs that recorded
+no description of their own.
 """
 
 from __future__ import annotations
@@ -19,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iclab.experiments import all_experiments
-from iclab.launch import UserError, load_experiment_file
+from iclab.names import is_name
 from iclab.store import Store
 
 CSS = """
@@ -59,24 +64,28 @@ class RunEntry:
     metrics: dict
     ended: float | None
     source: str | None = None
+    info: dict | None = None
+    preset_config: dict | None = None
 
     @property
     def slug(self) -> str:
         return f"{self.experiment}-{self.preset}"
 
 
-def collect_runs(store_root: str | Path, on_damaged=None) -> list[RunEntry]:
-    """The newest finished run per (experiment, preset) in a result store; damaged folders are skipped.
+def collect_runs(store_root: str | Path, on_damaged=None, on_invalid=None) -> list[RunEntry]:
+    """The newest finished run per (experiment, preset) in a result store, read-only; damaged folders and index
+    rows whose names would leave the root are skipped.
 
     Args:
         store_root: the results root.
         on_damaged: called with (folder, problems) for each damaged folder skipped.
+        on_invalid: called with one line for each index row skipped (default: a warning).
     """
-    store = Store(store_root)
+    store = Store(store_root, readonly=True)
     if not store.root.is_dir():
         return []
     seen: dict[tuple[str, str], RunEntry] = {}
-    for row in store.rows():  # newest first
+    for row in store.rows(on_invalid=on_invalid):  # newest first; names checked
         if row["status"] != "done":
             continue
         path = store.root / row["run_dir"]
@@ -88,12 +97,33 @@ def collect_runs(store_root: str | Path, on_damaged=None) -> list[RunEntry]:
                 on_damaged(path, problems)
             continue
         cfg = json.loads((path / "config.json").read_text())
-        key = (row["experiment"], cfg.get("preset") or row["preset"] or "custom")
+        preset = cfg.get("preset") or row["preset"] or "custom"
+        key = (row["experiment"], preset if is_name(preset) else "custom")
         if key in seen:
             continue
+        source = cfg.get("source") if isinstance(cfg.get("source"), str) else None
+        info = cfg.get("experiment_info") if isinstance(cfg.get("experiment_info"), dict) else None
+        base = cfg.get("preset_config") if isinstance(cfg.get("preset_config"), dict) else None
         seen[key] = RunEntry(row["experiment"], key[1], path, cfg["config"],
-                             json.loads((path / "metrics.json").read_text()), row["ended"], cfg.get("source"))
+                             json.loads((path / "metrics.json").read_text()), row["ended"], source, info, base)
     return sorted(seen.values(), key=lambda r: (r.experiment, r.preset))
+
+
+def _builtin_info(experiment: str) -> tuple[dict | None, dict | None]:
+    """(description, preset configs) of one of iclab's own experiments, from the installed package (None, None
+    for any other id): for runs stored before runs recorded their own."""
+    from iclab.launch import builtin_experiment, experiment_info
+
+    exp = builtin_experiment(experiment)
+    if exp is None:
+        return None, None
+    presets = {}
+    for name in exp.presets:
+        try:
+            presets[name] = exp.resolve(name).model_dump(mode="json")
+        except Exception:  # noqa: BLE001 - a preset this code no longer validates: no base to compare with
+            pass
+    return experiment_info(exp), presets
 
 
 def _esc(x) -> str:
@@ -141,8 +171,8 @@ def write_curves_csv(arrays: dict, dest: Path) -> int:
     return len(cols)
 
 
-def _command(entry: RunEntry, exp) -> str:
-    base = exp.resolve(entry.preset).model_dump(mode="json") if exp and entry.preset in exp.presets else {}
+def _command(entry: RunEntry, base: dict | None) -> str:
+    base = base or {}
     parts = ["iclab", "run", entry.source or entry.experiment, "--preset", entry.preset]
     for key, value in entry.config.items():
         if key in base and base[key] != value:
@@ -150,60 +180,71 @@ def _command(entry: RunEntry, exp) -> str:
     return " ".join(parts)
 
 
-def _experiment_page(entry: RunEntry, exp, out: Path) -> None:
+def _text_list(value) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _experiment_page(entry: RunEntry, info: dict, base: dict | None, out: Path) -> None:
     folder = out / entry.slug
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("figure.png", "figure.pdf", "trajectories.npz"):
-        if (entry.path / name).is_file():
-            shutil.copy2(entry.path / name, folder / name)
+        src = entry.path / name
+        if src.is_file() and not src.is_symlink():
+            shutil.copyfile(src, folder / name)
     n_cols = 0
     if (entry.path / "trajectories.npz").is_file():
-        with np.load(entry.path / "trajectories.npz") as data:
-            n_cols = write_curves_csv(dict(data), folder / "curves.csv")
-    checks = entry.metrics.get("checks", [])
-    n_pass = sum(c["passed"] for c in checks)
+        try:
+            with np.load(entry.path / "trajectories.npz", allow_pickle=False) as data:
+                n_cols = write_curves_csv({k: data[k] for k in data.files}, folder / "curves.csv")
+        except (OSError, ValueError, EOFError):
+            n_cols = 0
+    checks = [c for c in entry.metrics.get("checks", []) if isinstance(c, dict)]
+    n_pass = sum(bool(c.get("passed")) for c in checks)
     rows = []
     for c in checks:
-        status = '<span class="pass">pass</span>' if c["passed"] else '<span class="fail">FAIL</span>'
-        tol = {"abs": f"± {c['tolerance']:g}", "rel": f"± {c['tolerance']:g} (relative)", "le": "≤ expected",
-               "ge": "≥ expected", "eq": "exact"}.get(c["comparison"], _fmt(c["tolerance"]))
+        status = '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
+        tolerance = c.get("tolerance")
+        tol = {"abs": f"± {_fmt(tolerance)}", "rel": f"± {_fmt(tolerance)} (relative)", "le": "≤ expected",
+               "ge": "≥ expected", "eq": "exact"}.get(c.get("comparison"), _fmt(tolerance))
         note = f'<div class="muted">{_esc(c["note"])}</div>' if c.get("note") else ""
-        rows.append(f'<tr class="{"" if c["passed"] else "failing"}"><td>{_esc(c["name"])}{note}</td>'
-                    f'<td class="num">{_fmt(c["measured"])}</td><td class="num">{_fmt(c["expected"])}</td>'
-                    f'<td class="num">{_esc(tol)}</td><td>{status}</td></tr>')
-    fields = exp.config.model_fields if exp else {}
+        rows.append(f'<tr class="{"" if c.get("passed") else "failing"}"><td>{_esc(c.get("name", ""))}{note}</td>'
+                    f'<td class="num">{_fmt(c.get("measured"))}</td><td class="num">{_fmt(c.get("expected"))}</td>'
+                    f'<td class="num">{tol}</td><td>{status}</td></tr>')
+    fields = info.get("fields") if isinstance(info.get("fields"), dict) else {}
     cfg_rows = []
     for key, value in entry.config.items():
-        info = fields.get(key)
-        extra = (info.json_schema_extra or {}) if info else {}
-        paper_value = extra.get("paper")
+        field = fields.get(key) if isinstance(fields.get(key), dict) else {}
+        paper_value = field.get("paper")
         if paper_value is not None and paper_value == value:
             mark = '<span class="tag paper">paper</span>'
         else:
             mark = '<span class="tag ours">our choice</span>'
-        note = extra.get("paper_note") or ""
+        note = field.get("paper_note") or ""
         paper_txt = "not stated" if paper_value is None else _fmt(paper_value)
         cfg_rows.append(f"<tr><td><code>{_esc(key)}</code></td><td class=\"num\">{_fmt(value)}</td><td>{mark}</td>"
-                        f"<td>{_esc(info.description if info else '')}</td><td>{paper_txt}"
+                        f"<td>{_esc(field.get('description') or '')}</td><td>{paper_txt}"
                         f"{' — ' + _esc(note) if note else ''}</td></tr>")
-    notes = "".join(f"<li>{_esc(n)}</li>" for n in (exp.notes if exp else []))
-    title = exp.title if exp else entry.experiment
+    notes = "".join(f"<li>{_esc(n)}</li>" for n in _text_list(info.get("notes")))
+    title = info.get("title") or entry.experiment
     data_links = ['<a href="trajectories.npz">trajectories.npz</a>']
     if n_cols:
         data_links.append(f'<a href="curves.csv">curves.csv</a> ({n_cols} columns)')
     figure = ('<p><img class="figure" src="figure.png" alt="figure of ' + _esc(entry.experiment) + '"></p>'
               '<p><a href="figure.pdf">figure (PDF)</a></p>') if (folder / "figure.png").is_file() else "<p>No figure.</p>"
+    wall = entry.metrics.get("wall_s")
+    wall = wall if isinstance(wall, (int, float)) and not isinstance(wall, bool) else float("nan")
+    code = entry.metrics.get("code") if isinstance(entry.metrics.get("code"), dict) else {}
     body = f"""<p><a href="../index.html">← all experiments</a></p>
 <h1>{_esc(entry.experiment)} <span class="muted">({_esc(entry.preset)} preset)</span></h1>
 <p>{_esc(title)}</p>
-<p class="muted">Reproduces: {_esc(exp.reference if exp else '')}</p>
+<p class="muted">Reproduces: {_esc(info.get('reference') or '')}</p>
 {figure}
 <h2>Checks: {n_pass} / {len(checks)} passed</h2>
 <div class="scroll"><table><thead><tr><th>check</th><th>measured</th><th>expected</th><th>tolerance</th><th>result</th></tr></thead>
 <tbody>{''.join(rows)}</tbody></table></div>
 <h2>Reproduce</h2>
-<pre>{_esc(_command(entry, exp))}</pre>
-<p class="muted">Wall time {entry.metrics.get('wall_s', float('nan')):.1f} s; config hash {_esc(entry.metrics.get('config_hash', ''))}; iclab {_esc(entry.metrics.get('version', ''))}.</p>
+<pre>{_esc(_command(entry, base))}</pre>
+<p class="muted">Wall time {wall:.1f} s; run key {_esc(entry.metrics.get('config_hash', ''))}; code {_esc(code.get('digest', 'not recorded'))}; iclab {_esc(entry.metrics.get('version', ''))}.</p>
 <h2>Notes</h2><ul>{notes or '<li>None.</li>'}</ul>
 <h2>Configuration</h2>
 <div class="scroll"><table><thead><tr><th>field</th><th>value</th><th>source</th><th>meaning</th><th>paper's value</th></tr></thead>
@@ -213,55 +254,58 @@ def _experiment_page(entry: RunEntry, exp, out: Path) -> None:
     (folder / "index.html").write_text(_page(f"{entry.experiment} — iclab", body, "../style.css"))
 
 
-def build_site(store_root: str | Path, out_dir: str | Path, *, on_damaged=None) -> Path:
+def build_site(store_root: str | Path, out_dir: str | Path, *, on_damaged=None, on_invalid=None) -> Path:
     """Builds the site for every finished run in ``store_root``; returns the index path.
 
     Args:
-        store_root: the results root; out_dir: the site's folder.
+        store_root: the results root (read, never written); out_dir: the site's folder (the only one written).
         on_damaged: called with (folder, problems) for each damaged run folder, which is left out.
+        on_invalid: called with one line for each index row left out (its names would leave the root).
     Raises:
         FileNotFoundError: when the store holds no finished run (nothing to show).
     """
-    entries = collect_runs(store_root, on_damaged)
+    entries = collect_runs(store_root, on_damaged, on_invalid)
     if not entries:
         raise FileNotFoundError(f"no finished runs in {store_root}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "style.css").write_text(CSS)
-    registry = dict(all_experiments())
-    for e in entries:  # experiments defined in a user's file: load it again for the title and notes
-        if e.experiment not in registry and e.source:
-            try:
-                registry[e.experiment] = load_experiment_file(e.source)
-            except UserError:
-                pass
+    infos: dict[int, tuple[dict, dict | None]] = {}
     by_paper: dict[str, list[RunEntry]] = {}
     for e in entries:
-        exp = registry.get(e.experiment)
-        by_paper.setdefault(exp.paper if exp else e.experiment.split(".")[0], []).append(e)
-        _experiment_page(e, exp, out)
+        info, base = e.info, e.preset_config
+        if info is None or base is None:
+            builtin_info, presets = _builtin_info(e.experiment)
+            info = info or builtin_info or {}
+            base = base if base is not None else (presets or {}).get(e.preset)
+        infos[id(e)] = (info, base)
+        paper = info.get("paper") if isinstance(info.get("paper"), str) else e.experiment.split(".")[0]
+        by_paper.setdefault(paper, []).append(e)
+        _experiment_page(e, info, base, out)
     sections = []
     for paper, group in sorted(by_paper.items()):
         rows = []
         for e in group:
-            exp = registry.get(e.experiment)
-            checks = e.metrics.get("checks", [])
-            n_pass = sum(c["passed"] for c in checks)
+            info = infos[id(e)][0]
+            checks = [c for c in e.metrics.get("checks", []) if isinstance(c, dict)]
+            n_pass = sum(bool(c.get("passed")) for c in checks)
             ok = n_pass == len(checks)
             status = f'<span class="{"pass" if ok else "fail"}">{"pass" if ok else "FAIL"}</span>'
             thumb = (f'<a href="{e.slug}/index.html"><img class="thumb" src="{e.slug}/figure.png" alt="{_esc(e.experiment)}"></a>'
                      if (out / e.slug / "figure.png").is_file() else "")
             date = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.ended)) if e.ended else ""
+            wall = e.metrics.get("wall_s")
+            wall = wall if isinstance(wall, (int, float)) and not isinstance(wall, bool) else float("nan")
             rows.append(f'<tr class="{"" if ok else "failing"}"><td>{thumb}</td>'
-                        f'<td><a href="{e.slug}/index.html">{_esc(e.experiment)}</a><div class="muted">{_esc(exp.reference if exp else "")}</div></td>'
-                        f'<td>{_esc(exp.title if exp else "")}</td><td>{status}</td><td class="num">{n_pass} / {len(checks)}</td>'
-                        f'<td class="num">{e.metrics.get("wall_s", float("nan")):.1f} s</td><td class="num">{_esc(date)}</td>'
+                        f'<td><a href="{e.slug}/index.html">{_esc(e.experiment)}</a><div class="muted">{_esc(info.get("reference") or "")}</div></td>'
+                        f'<td>{_esc(info.get("title") or "")}</td><td>{status}</td><td class="num">{n_pass} / {len(checks)}</td>'
+                        f'<td class="num">{wall:.1f} s</td><td class="num">{_esc(date)}</td>'
                         f'<td>{_esc(e.preset)}</td></tr>')
         sections.append(f"<h2>{_esc(paper)}</h2><div class=\"scroll\"><table><thead><tr><th></th><th>experiment</th>"
                         f"<th>title</th><th>status</th><th>checks</th><th>wall time</th><th>date</th><th>preset</th></tr>"
                         f"</thead><tbody>{''.join(rows)}</tbody></table></div>")
     total = sum(len(e.metrics.get("checks", [])) for e in entries)
-    passed = sum(c["passed"] for e in entries for c in e.metrics.get("checks", []))
+    passed = sum(bool(c.get("passed")) for e in entries for c in e.metrics.get("checks", []) if isinstance(c, dict))
     body = (f"<h1>iclab report</h1><p>{len(entries)} reproductions, {passed} / {total} checks passed. "
             f"Each page shows the figure, its checks against theory, the configuration and the command that "
             f"reproduces it.</p>{''.join(sections)}")

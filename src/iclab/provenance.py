@@ -1,0 +1,280 @@
+"""What code computed a run: the code identity that keys the result store together with the config.
+
+A stored run is reused only when its experiment id, resolved config, iclab version and code identity
+all equal the new run's (:func:`run_key`), so an edited experiment or engine computes again instead of
+serving a result of the old code. The identity is a digest over source files:
+
+- **iclab's own files that the experiment can reach.** Starting from the modules that define the
+  experiment (its ``run``, ``checks``, ``plot``, config class, shard functions), every iclab module they
+  import, directly or through others, is followed in the *static* import graph: every ``import`` and
+  ``from ... import`` statement in a file, those inside functions included, and the ``__init__.py`` of
+  every package on the way. Editing an engine changes the identity of every experiment that imports it
+  and of no other; a README, docs or test change changes nothing. (A module reached only by a computed
+  ``importlib.import_module(name)`` is not followed; iclab's experiments do not compute through one.)
+- **a user's experiment file** (``iclab run path/to/file.py:NAME``): its absolute path and SHA-256, the
+  files beside it that it imports (a sibling ``helpers.py``), and the iclab files it reaches as above.
+  Two files that declare the same experiment id never share results.
+- **an experiment defined where no file holds it** (a notebook cell): the source text of its functions
+  (``inspect.getsource``), else their bytecode.
+
+The versions of iclab's dependencies (jax, numpy, ...) are recorded beside the identity
+(:func:`environment_versions`) but do not enter it: another jaxlib may change the last bits of a float,
+and recomputing every stored result for it would throw away a store on every upgrade.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import marshal
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["code_identity", "config_key", "describe_change", "environment_versions", "file_sha256", "run_key"]
+
+#: The folder of the iclab package (``.../iclab``); files are named relative to its parent (``iclab/x.py``).
+PACKAGE_DIR = Path(__file__).resolve().parent
+_TOP = PACKAGE_DIR.parent
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 (hex) of a file's bytes.
+
+    Args:
+        path: the file.
+    """
+    return _digest_of(str(Path(path).resolve()), *_stamp(Path(path)))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@lru_cache(maxsize=4096)
+def _digest_of(path: str, mtime_ns: int, size: int) -> str:
+    # keyed by (path, mtime, size): a file edited in this process is hashed again
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@lru_cache(maxsize=4096)
+def _imports_of(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """Every import statement of a file as (module, level, names): ``import a.b`` is ("a.b", 0, ()),
+    ``from .x import y, z`` is ("x", 1, ("y", "z"))."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        return ()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, 0, ()) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.module or "", node.level, tuple(alias.name for alias in node.names)))
+    return tuple(out)
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of an iclab module name (``iclab.a.b`` -> ``.../iclab/a/b.py`` or ``.../b/__init__.py``)."""
+    parts = name.split(".")
+    if parts[0] != "iclab":
+        return None
+    base = _TOP.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str | None:
+    """The iclab module name of a file inside the package (None outside it)."""
+    try:
+        rel = path.resolve().relative_to(_TOP)
+    except ValueError:
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) if parts and parts[0] == "iclab" else None
+
+
+def _resolve(module: str, level: int, package: str) -> str:
+    if level == 0:
+        return module
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([module] if module else []))
+
+
+def _reached(start: list[Path], sibling_dir: Path | None = None) -> tuple[dict[str, Path], dict[str, Path]]:
+    """iclab files and sibling files reached from ``start`` in the static import graph.
+
+    Returns:
+        ({"iclab/x/y.py": path}, {"helpers.py": path}) -- the second for files in ``sibling_dir``.
+    """
+    package_files: dict[str, Path] = {}
+    siblings: dict[str, Path] = {}
+    todo = list(start)
+    seen: set[Path] = set()
+
+    def add_module(name: str) -> None:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # a module and every package above it
+            f = _module_file(".".join(parts[:i]))
+            if f is not None and f not in seen:
+                todo.append(f)
+
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        name = _module_name(path)
+        if name is not None:
+            package_files[str(path.relative_to(_TOP))] = path
+        elif sibling_dir is not None and path.parent == sibling_dir and path not in start:
+            siblings[path.name] = path
+        is_package = path.name == "__init__.py"
+        package = name if (name and is_package) else (name.rpartition(".")[0] if name else "")
+        for module, level, names in _imports_of(str(path), *_stamp(path)):
+            if level and not name:
+                continue  # a relative import in a user's file: not a package, nothing to follow
+            full = _resolve(module, level, package)
+            if full.split(".")[0] == "iclab":
+                add_module(full)
+                for n in names:  # ``from iclab.tasks import linreg``: linreg may be a module
+                    if _module_file(f"{full}.{n}") is not None:
+                        add_module(f"{full}.{n}")
+            elif level == 0 and sibling_dir is not None:
+                top = full.split(".")[0]
+                for candidate in (sibling_dir / f"{top}.py", sibling_dir / top / "__init__.py"):
+                    if candidate.is_file() and candidate.resolve() not in seen:
+                        todo.append(candidate)
+    return package_files, siblings
+
+
+def _function_source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        code = getattr(obj, "__code__", None)
+        return marshal.dumps(code).hex() if code is not None else repr(obj)
+
+
+def _defining_objects(exp) -> list:
+    names = ("run", "checks", "plot", "preflight", "memory", "shards", "run_shard", "assemble")
+    objs = [getattr(exp, n) for n in names if getattr(exp, n, None) is not None]
+    return objs + [exp.config]
+
+
+def code_identity(exp, user_file: str | Path | None = None) -> dict:
+    """The code identity of an experiment (module docstring).
+
+    Args:
+        exp: the :class:`iclab.experiments.Experiment`.
+        user_file: the file it was loaded from (``iclab run path/to/file.py:NAME``), None for iclab's own
+            experiments and for experiments defined in a notebook.
+    Returns:
+        {"digest": 16 hex digits, "iclab": version, "files": {"iclab/...py": sha256[:16]}, and for a user
+        file "user_file": {"path", "sha256"}, "siblings": {"name.py": sha256[:16]}; for code held by no file
+        "inline": sha256[:16] of its functions' source; for one defined in a script or test module "scripts":
+        {absolute path: sha256[:16]}}.
+    """
+    from iclab import __version__
+
+    start: list[Path] = []
+    inline: list[str] = []
+    sibling_dir = None
+    if user_file is not None:
+        user_path = Path(user_file).resolve()
+        start.append(user_path)
+        sibling_dir = user_path.parent
+    for obj in _defining_objects(exp):
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        file = getattr(module, "__file__", None)
+        if file and Path(file).is_file() and (user_file is None or _module_name(Path(file)) is not None
+                                              or Path(file).resolve() == Path(user_file).resolve()):
+            start.append(Path(file))
+        elif user_file is None:
+            inline.append(_function_source(obj))
+    package_files, siblings = _reached(start, sibling_dir)
+    identity: dict = {"iclab": __version__,
+                      "files": {k: file_sha256(p)[:16] for k, p in sorted(package_files.items())}}
+    others = sorted({str(p.resolve()) for p in start if _module_name(p) is None
+                     and (user_file is None or p.resolve() != Path(user_file).resolve())})
+    if others:  # an experiment defined in a script or a test module: those files, by absolute path
+        identity["scripts"] = {p: file_sha256(p)[:16] for p in others}
+    if user_file is not None:
+        identity["user_file"] = {"path": str(Path(user_file).resolve()), "sha256": file_sha256(user_file)}
+        identity["siblings"] = {k: file_sha256(p)[:16] for k, p in sorted(siblings.items())}
+    if inline:
+        identity["inline"] = hashlib.sha256("\n".join(inline).encode()).hexdigest()[:16]
+    identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return identity
+
+
+def run_key(experiment_id: str, config: dict, *, version: str, code: str) -> str:
+    """The key of a stored run: 16 hex digits of SHA-256 over the experiment id, resolved config, iclab version
+    and code identity digest. Its run folder is ``<experiment>-<key>``.
+
+    Args:
+        experiment_id: the experiment; config: the resolved config (JSON types).
+        version: iclab's version; code: :func:`code_identity`'s digest.
+    """
+    payload = json.dumps({"experiment": experiment_id, "config": config, "version": version, "code": code},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def config_key(experiment_id: str, config: dict) -> str:
+    """16 hex digits of SHA-256 over the experiment id and resolved config alone: runs of one config by
+    different code share it, which is how a rerun finds the result it could not reuse and says why.
+
+    Args:
+        experiment_id: the experiment; config: the resolved config (JSON types).
+    """
+    payload = json.dumps({"experiment": experiment_id, "config": config}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def describe_change(old: dict | None, new: dict) -> str:
+    """What differs between two code identities, in one clause (for "not reused: ..." messages).
+
+    Args:
+        old: the stored run's identity (None or partial for runs stored before identities were recorded);
+        new: this run's.
+    """
+    if not isinstance(old, dict) or "files" not in old:
+        return "it was stored by an iclab that did not record its code"
+    parts = []
+    if old.get("iclab") != new.get("iclab"):
+        parts.append(f"iclab {old.get('iclab')} → {new.get('iclab')}")
+    ou, nu = old.get("user_file") or {}, new.get("user_file") or {}
+    if ou.get("path") != nu.get("path"):
+        parts.append(f"another experiment file ({ou.get('path')})")
+    elif ou.get("sha256") != nu.get("sha256"):
+        parts.append(f"{Path(nu.get('path', 'the experiment file')).name} was edited")
+    for kind in ("files", "siblings", "scripts"):
+        a, b = old.get(kind) or {}, new.get(kind) or {}
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if changed:
+            shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+            parts.append(f"changed: {shown}")
+    if old.get("inline") != new.get("inline"):
+        parts.append("the experiment's functions changed")
+    return "; ".join(parts) or "its code identity differs"
+
+
+def environment_versions() -> dict[str, str]:
+    """The installed versions of the packages that compute (recorded with every run, not part of its key)."""
+    out = {"python": sys.version.split()[0]}
+    for dist in ("jax", "jaxlib", "numpy", "scipy", "numba", "llvmlite", "optax", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
