@@ -202,7 +202,7 @@ def sweep_cmd(
         if as_json:
             print(_json({"experiment": exp.id, "preset": preset, "points": rows}, indent=2))
             return
-        table = Table("point", "config hash", "stored", title=f"{exp.id} ({preset}): {len(points)} points")
+        table = Table("point", "run key", "stored", title=f"{exp.id} ({preset}): {len(points)} points")
         for p, r in zip(points, rows):
             table.add_row(p.label, p.digest, "yes" if r["stored"] else "no")
         out.print(table)
@@ -393,7 +393,8 @@ app.add_typer(index_app, name="index")
 def index_rebuild_cmd(
     results: Optional[str] = typer.Option(None, "--results", help="results root (default $ICLAB_RESULTS or ./iclab-results)"),
 ) -> None:
-    """Rebuild index.sqlite from the run folders (the old file is moved aside, never deleted)."""
+    """Rebuild index.sqlite from the run folders, keeping the rows of runs in progress (the old file is kept
+    beside it, never deleted)."""
     from iclab.store import Store
 
     root = readable_root(results)

@@ -16,7 +16,7 @@ An experiment may declare shards (:class:`iclab.experiments.Experiment` ``shards
 
 The shard cache of a run is ``<root>/.running/<experiment>-<hash>/shards/<shard>.npz`` (+ ``.json``),
 removed with the rest of the in-progress folder once the run is stored; ``--force`` starts it afresh.
-The config hash does not depend on the executor: a sharded run's result equals the unsharded run's to
+The run key does not depend on the executor: a sharded run's result equals the unsharded run's to
 float rounding, and either one is reused by the other.
 
 Workers need no shared file system: they return a shard's arrays to the driver, which writes the cache.
@@ -223,7 +223,7 @@ def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local
     Called by :func:`iclab.launch.run_experiment` holding the run's lock (see the module docstring).
 
     Args:
-        exp, config, digest: the experiment, its resolved config and config hash.
+        exp, config, digest: the experiment, its resolved config and run key.
         store: the result store (the cache is in the run's in-progress folder).
         executor, address, workers, retries, threads: as in :func:`iclab.sweep.run_sweep`.
         checkpoint_every, checkpoint_seconds: the shards' checkpoint interval.
