@@ -48,6 +48,7 @@ from iclab import baselines
 from iclab.engines import Members, seed_keys, train_members
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
+from iclab.experiments._memory import FLOAT64, Term, itemsize, records
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
 from iclab.models.gla_forget_native import multilayer_mse, readout_grid, readout_grid_shared, readout_mse_shared
@@ -372,6 +373,68 @@ def train_grid(config: TrainConfig, gammas, lams, *, layers: int | None = None, 
     tr, params = train_groups(config, gammas, {"grid": Group(np.asarray(lams), layers, learn)}, reporter=reporter,
                               label=label)
     return tr, params["grid"]
+
+
+# --------------------------------------------------------------------------------------------
+# Memory estimates (``Experiment.memory``)
+
+
+def prompt_bytes(*, G: int, B: int, T: int, d: int, item: int) -> float:
+    """Bytes of a draw of B prompts of T tokens for G processes γ: the (G, B, T, d+1) tokens and the (G, B, T, d)
+    AR(1) task vectors behind their labels (``sample_drift_prompts``), each twice (the scan's output and its moved
+    axes; the tokens and their concatenation) — about 4·G·B·T·(d+1) numbers."""
+    return 4.0 * item * G * B * T * (d + 1)
+
+
+def training_memory(config: TrainConfig, *, G: int, models: int, deep_layers: int = 0,
+                    eval_prompts: int = 0, eval_models: int = 0) -> list[Term]:
+    """The terms of :func:`train_groups`: every seed's step at once (vmapped), float32 or float64.
+
+    Per seed: the step's batch (:func:`prompt_bytes` of G processes × ``batch`` prompts of n + 1 tokens); each
+    model's read-out residuals over the batch and their gradients (6 numbers per token); the full layers of the
+    L-layer models (``deep_layers``: their count summed over the models) keep, per layer, the (T, T) decayed score
+    matrix of the parallel form (XLA; the native kernels' recurrent form a (d+1)² state instead) and a few (T, d+1)
+    activations per prompt for the backward pass. With a
+    recorded evaluation set (drift.fig2's ``eval_prompts`` fixed prompts, ``eval_models`` models) the same
+    forward runs on it at every record. The recorded loss itself is negligible.
+
+    Args:
+        config: the training setting (seeds, batch, n, d, dtype, steps, record_every).
+        G: processes γ trained (rows of the grid); models: models trained (every row); deep_layers: Σ (L − 1)
+            over the L-layer models; eval_prompts, eval_models: the recorded evaluation set.
+    Returns:
+        [(bytes, what)] terms for :func:`iclab.experiments._memory.total`.
+    """
+    S, B, T, d = config.seeds, config.batch, config.n + 1, config.d
+    item = itemsize(config.dtype)
+    terms = [(S * prompt_bytes(G=G, B=B, T=T, d=d, item=item),
+              f"the {G}×{B}×{T}×{d + 1} token batch of {S} seed(s)"),
+             (6.0 * item * S * models * B * T, f"the read-out residuals of {models} model(s) × {S} seed(s)")]
+    if deep_layers and config.kernel == "native":  # the recurrent form's kernels: a (d+1)² state per prompt
+        terms.append((2.0 * item * S * deep_layers * B * (4 * T * (d + 1) + (d + 1) ** 2),
+                      f"the activations of {deep_layers} full layer(s) × {B} prompts × {S} seed(s)"))
+    elif deep_layers:
+        terms.append((2.0 * item * S * deep_layers * B * (T * T + 4 * T * (d + 1)),
+                      f"the (n+1)² scores of {deep_layers} full layer(s) × {B} prompts × {S} seed(s)"))
+    if eval_prompts:
+        n = eval_prompts
+        terms.append((item * S * (prompt_bytes(G=1, B=n, T=T, d=d, item=1) + 4.0 * eval_models * n * T
+                                  + deep_layers * n * (T * T + 4 * T * (d + 1))),
+                      "the recorded evaluation set's forward pass"))
+    terms.append((records(seeds=S, steps=config.steps, record_every=config.record_every, values=2 + eval_models,
+                          item=item), "the recorded losses"))
+    return terms
+
+
+def evaluation_memory(*, n: int, T: int, d: int, models: int, deep: bool = False) -> Term:
+    """The largest :func:`model_errors` call: n float64 prompts of T tokens (:func:`prompt_bytes`, and the numpy
+    copies of the eq-15 optimum's predictions: 10 numbers per token and coordinate in all; measured 6.6), the
+    (M, n) predictions of M models, the optimum's and their squared errors, and for an L-layer model the (T, T)
+    scores of one full layer per prompt."""
+    need = prompt_bytes(G=1, B=n, T=T, d=d, item=FLOAT64) * 2.5 + 6.0 * FLOAT64 * models * n
+    if deep:
+        need += FLOAT64 * n * (T * T + 4 * T * (d + 1))
+    return need, f"the {n}×{T}×{d + 1} float64 evaluation prompts and the predictions of {models} model(s)"
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,11 +18,15 @@ from iclab.experiments.drift._common import (
     PAPER,
     PAPER_GAMMAS,
     TrainConfig,
+    evaluation_memory,
     model_errors,
+    prompt_bytes,
     rank_one_route_share,
     saddle_check,
     train_grid,
+    training_memory,
 )
+from iclab.experiments._memory import FLOAT64, largest, total
 from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
 from iclab.tasks.drift_native import sample_shared_batch
@@ -102,6 +106,20 @@ def _filter_errors(config: BaselinesConfig, key) -> dict:
         v = np.concatenate(v, axis=1)[:, : config.trials]
         out[name], out[f"{name}_se"] = v.mean(axis=1), v.std(axis=1) / np.sqrt(v.shape[1])
     return out
+
+
+def memory_baselines(config: BaselinesConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_baselines`'s memory: one chunk of filtered sequences, ``chunk`` × ``length``
+    float64 steps of every γ (:func:`iclab.experiments.drift._common.prompt_bytes`) with the filters' moved
+    inputs and predictions, and every trial's LMS and RLS errors; then the training of the G GLA models at λ*;
+    then their Monte Carlo evaluation (phases that follow each other: the largest is the need)."""
+    G, d, B, T = len(config.gammas), config.d, config.chunk, config.length
+    chunks = -(-config.trials // B)
+    filters = total([(prompt_bytes(G=G, B=B, T=T, d=d, item=FLOAT64) + FLOAT64 * B * T * (4 * d + 6),
+                      f"a chunk of {B} filtered sequences × {T} steps of {G} γ, float64"),
+                     (4.0 * FLOAT64 * G * chunks * B, "every trial's LMS and RLS errors")])
+    return largest(filters, total(training_memory(config, G=G, models=G)),
+                   evaluation_memory(n=config.n_eval, T=config.n + 1, d=d, models=1))
 
 
 def run_baselines(config: BaselinesConfig, reporter) -> dict:
@@ -222,6 +240,7 @@ register(
         run=run_baselines,
         checks=checks_baselines,
         plot=plot_baselines,
+        memory=memory_baselines,
         notes=[
             "The filters run on sequences of 1000 steps of the same AR(1) process (w_0 ~ N(0, σ_w² I)); the error is the "
             "a-priori squared error averaged over the last 100 steps, ŵ_0 = 0, RLS P_0 = 100 I (paper: unspecified). The "

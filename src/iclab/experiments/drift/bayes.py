@@ -33,7 +33,8 @@ from iclab.experiments import Experiment, _plot, register
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments.checks import check_at_least, check_at_most
-from iclab.experiments.drift._common import PAPER, PAPER_GAMMAS, TaskConfig
+from iclab.experiments._memory import FLOAT64, total
+from iclab.experiments.drift._common import PAPER, PAPER_GAMMAS, TaskConfig, prompt_bytes
 from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
 from iclab.theory import drift as theory
@@ -139,6 +140,19 @@ def _errors(config: BayesConfig, key, total: int, per_gamma: dict, betas, *, tun
                               jnp.asarray(betas, jnp.float64), config.rls_delta, n=config.n, B=B, tune=tune)
         parts.append({k: np.asarray(v) for k, v in out.items()})
     return {k: np.concatenate([p[k] for p in parts], axis=-1)[..., :total] for k in parts[0]}
+
+
+def memory_bayes(config: BayesConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_bayes`'s memory: one chunk of prompts of every γ, float64
+    (:func:`iclab.experiments.drift._common.prompt_bytes`), with a γ's filters (inputs moved for the scans, the
+    Kalman and RLS (chunk, d, d) states); then every prompt's squared errors, kept in chunks and concatenated:
+    len(rls_betas) per tuning prompt and 5 per evaluation prompt, for every γ."""
+    G, d, T = len(config.gammas), config.d, config.n + 1
+    B = max(-(-n // -(-n // config.chunk)) for n in (config.prompts, config.tune_prompts))  # as _errors' chunks
+    errors = max(len(config.rls_betas) * config.tune_prompts, 5 * config.prompts)
+    return total([(prompt_bytes(G=G, B=B, T=T, d=d, item=FLOAT64) + FLOAT64 * B * (4 * T * d + 6 * d * d),
+                   f"a chunk of {B} prompts of {G} γ, float64"),
+                  (2.0 * FLOAT64 * G * errors, f"the per-prompt squared errors of {G} γ, float64")])
 
 
 def _mean_se(v) -> tuple[float, float]:
@@ -317,6 +331,7 @@ register(
         run=run_bayes,
         checks=checks_bayes,
         plot=plot_bayes,
+        memory=memory_bayes,
         notes=[
             "This result goes beyond the paper: the paper compares GLA(λ*) with LMS and RLS only (at fixed μ = 0.01, "
             "β = 0.98 on 1000-step sequences), never with the Bayes-optimal predictor of its own data model. Every "

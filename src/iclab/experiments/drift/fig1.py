@@ -20,12 +20,15 @@ from iclab.experiments.drift._common import (
     TrainConfig,
     eq15_algorithm_match,
     eval_prompts,
+    evaluation_memory,
     kalman_risk,
     model_errors,
     rank_one_route_share,
     saddle_check,
     train_grid,
+    training_memory,
 )
+from iclab.experiments._memory import FLOAT64, largest, total
 from iclab.theory import drift as theory
 
 # Tolerance of every trained-vs-theory comparison (the issue's 3 %): AdamW with a constant lr keeps
@@ -163,6 +166,21 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
     out.update({f"test_{k}": v for k, v in test.items()})
 
     return out
+
+
+def memory_fig1(config: Fig1Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig1`'s memory: the joint training of every (γ, λ) model
+    (:func:`iclab.experiments.drift._common.training_memory`), the largest Monte Carlo evaluation (panel a: K
+    models on n_eval prompts of n + 1 tokens; panels b-d: one model at every λ̄ on prompts of m + 1 tokens), and
+    the held-out match: n_match float64 prompts with the Kalman filter's (n_match, d, d) covariances and
+    eq 15's predictions of every model. The phases follow each other: the largest is the need."""
+    G, K, d = len(config.gammas), len(config.lams), config.d
+    n = config.n_match
+    return largest(total(training_memory(config, G=G, models=G * (K + int(config.learn_lam)))),
+                   evaluation_memory(n=config.n_eval, T=config.n + 1, d=d, models=K),
+                   evaluation_memory(n=config.n_eval, T=max(config.test_ms) + 1, d=d, models=len(config.lam_bars)),
+                   (FLOAT64 * n * (8 * (config.n + 1) * (d + 1) + 6 * d * d + 8 * K),
+                    f"the {n} held-out prompts of the algorithm match and the Kalman filter"))
 
 
 def _baseline_arrays(config: Fig1Config, gam, lams, params) -> dict:
@@ -410,6 +428,7 @@ register(
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
+        memory=memory_fig1,
         notes=[
             "Λ = I, the λ grid, the init std (0.1), β2 and the test setting of (b-d) are unspecified; (b-d) use the λ = 0.9 model "
             "trained at γ = 0.95, tested with γ̄ = γ and the training σ's, against the test-time λ̄ (eq 18).",

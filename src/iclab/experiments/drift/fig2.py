@@ -18,10 +18,13 @@ from iclab.experiments.drift._common import (
     Group,
     TrainConfig,
     eval_prompts,
+    evaluation_memory,
     model_errors,
     optimal_predictions,
     train_groups,
+    training_memory,
 )
+from iclab.experiments._memory import largest, records, total
 from iclab.progress import task
 from iclab.theory import drift as theory
 
@@ -159,6 +162,23 @@ def _train(config: Fig2Config, reporter, members: list[tuple[int, int]], star: b
     out["star_err"] = np.array([e["err"][0] for e in star_err])
     out["star_err_se"] = np.array([e["err_se"][0] for e in star_err])
     return out
+
+
+def memory_fig2(config: Fig2Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig2`'s memory: the joint training of every (depth, λ) model and the λ* one
+    (:func:`iclab.experiments.drift._common.training_memory`, with the full layers' (n+1)² scores and the
+    n_record prompts evaluated at every record), the Monte Carlo evaluation of the deepest models on n_eval
+    prompts of n + 1 (train) and test_m + 1 (test) tokens, and the gradient flow's recorded (U_11, u_{-1}),
+    d² + 3 float64 numbers at each of pl_records times. The phases follow each other: the largest is the need."""
+    K, depths = len(config.lams), list(config.depths)
+    models = len(depths) * K + 1
+    training = total(training_memory(config, G=1, models=models, deep_layers=K * sum(L - 1 for L in depths),
+                                     eval_prompts=config.n_record, eval_models=models))
+    deep = max(depths) > 1
+    return largest(training, *(evaluation_memory(n=config.n_eval, T=T, d=config.d, models=K, deep=deep)
+                               for T in (config.n + 1, config.test_m + 1)),
+                   (records(seeds=1, steps=config.pl_records, record_every=1, values=config.d ** 2 + 3),
+                    "the gradient flow's recorded weights"))
 
 
 def _flow(config: Fig2Config, reporter) -> dict:
@@ -430,6 +450,7 @@ register(
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
+        memory=memory_fig2,
         shards=shards_fig2,
         run_shard=run_shard_fig2,
         assemble=assemble_fig2,

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import field_validator
 
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT32, total
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_least, check_at_most
@@ -304,6 +305,46 @@ def preflight(config: Gpt2Config) -> None:
             find_split(config.data_path, task, split, config.mnli_split)
 
 
+#: GPT-2 small's sizes, for a model folder whose config.json cannot be read.
+GPT2_SMALL = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
+
+
+def model_sizes(model_path: str | None) -> dict:
+    """n_embd, n_layer, n_head, n_positions, vocab_size of the GPT-2 in ``model_path`` (its config.json), else
+    GPT-2 small's."""
+    sizes = dict(GPT2_SMALL)
+    try:
+        saved = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (TypeError, OSError, ValueError):
+        return sizes
+    sizes.update({k: int(saved[k]) for k in sizes if isinstance(saved.get(k), int)})
+    return sizes
+
+
+def memory_gpt2(config: Gpt2Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_gpt2`'s memory, float32 (torch), from the model's config.json
+    (:func:`model_sizes`): the pretrained weights, the fine-tuned copy with its gradient and AdamW's two moments
+    (5 copies); a fine-tuning step over ``batch`` prompts of T tokens, T = the model's positions or
+    (k_train + 1) demonstrations of max_example_tokens per field and the template, whichever is less: per token
+    and block about 56·n_embd numbers (layer norms, q, k, v and their head-major copies, the 4× MLP and its
+    GELU's intermediates, dropout masks) and each head's three (T,) rows of the parallel GLA form's score
+    matrices and the decay mask's (:func:`iclab.models.gpt2_gla.gla_parallel`); and the (T, vocabulary) logits
+    with their log-softmax and gradient; an evaluation batch's logits."""
+    c, m = config, model_sizes(config.model_path)
+    E, V, n_pos = m["n_embd"], m["vocab_size"], m["n_positions"]
+    params = V * E + n_pos * E + m["n_layer"] * (12 * E * E + 13 * E)
+    T = min(n_pos, max((c.k_train(t) + 1) * (len(TEMPLATES[t]["fields"]) * c.max_example_tokens + 16)
+                       for t in c.tasks))
+    T_eval = min(n_pos, max((max(c.eval_ks(t)) + 1) * (len(TEMPLATES[t]["fields"]) * c.max_example_tokens + 16)
+                            for t in c.tasks))
+    return total([
+        (FLOAT32 * c.batch * T * (m["n_layer"] * (56 * E + 3 * (m["n_head"] + 1) * T) + 3 * V),
+         f"a fine-tuning step's activations and logits over {c.batch} prompts of {T} tokens"),
+        (5.0 * FLOAT32 * params, "the model's weights, its fine-tuned copy, gradient and AdamW moments"),
+        (FLOAT32 * c.eval_batch * T_eval * (2 * V + 8 * E), "an evaluation batch's logits"),
+    ])
+
+
 # ---------------------------------------------------------------------------------------------- run
 
 
@@ -476,6 +517,7 @@ register(
         checks=checks_gpt2,
         plot=plot_gpt2,
         preflight=preflight,
+        memory=memory_gpt2,
         notes=[
             "Needs the optional extra (pip install -e '.[llm]': torch 2.13.0, transformers), a pretrained GPT-2 "
             "folder (--model-path) and the GLUE data (--data-path, layout in the module docstring); nothing is "

@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT32, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_least, check_at_most
@@ -222,6 +223,28 @@ def run_gpt2_offline(config: Gpt2OfflineConfig, reporter) -> dict:
             "ref_accuracy": ref_correct.mean(axis=-1), "ref_correct": ref_correct}
 
 
+def memory_gpt2_offline(config: Gpt2OfflineConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_gpt2_offline`'s memory, float32 (torch): the model's weights with AdamW's
+    gradient and two moments (12·n_layer·n_embd² numbers and the read-in, positions and read-out); a training
+    step's activations, per prompt of n_demos + 1 tokens and per token and block about 56·n_embd numbers (layer
+    norms, q, k, v and their head-major copies, the 4× MLP and its GELU's intermediates; measured: 42 at
+    n_embd = 64 and 256) and each head's three (T,) rows of the parallel GLA form's score matrices and the decay
+    mask's; every k's evaluation prompts (their tokens and raw draws), and the per-prompt correctness of every
+    model and reference λ (bytes)."""
+    c = config
+    T, E = c.n_demos + 1, c.n_embd
+    params = c.n_layer * (12 * E * E + 13 * E) + (c.d + 2 + T + 4) * E
+    ks = c.eval_ks
+    return total([
+        (FLOAT32 * c.batch * T * c.n_layer * (56 * E + 3 * (c.n_head + 1) * T),
+         f"a training step's activations over {c.batch} prompts of {T} tokens"),
+        (4.0 * FLOAT32 * params, "the model's weights, gradient and AdamW moments"),
+        (2.0 * FLOAT32 * c.eval_prompts * sum((k + 1) * (2 * c.d + 4) for k in ks),
+         f"the {c.eval_prompts} evaluation prompts of every k"),
+        (c.seeds * (26 + len(c.lambdas)) * len(ks) * c.eval_prompts, "the per-prompt correctness"),
+    ])
+
+
 def _best_gla(config, a) -> int:
     """Index of the λ < 1 model with the highest accuracy averaged over k and seeds."""
     mean = a["accuracy"].mean(axis=(0, 2))
@@ -298,6 +321,7 @@ register(
         run=run_gpt2_offline,
         checks=checks_gpt2_offline,
         plot=plot_gpt2_offline,
+        memory=memory_gpt2_offline,
         notes=[
             SUBSTITUTE + ". Every setting of the task and the model is ours; the `paper` preset only trains longer "
                          "and with more seeds (there is no paper setting for this substitute).",

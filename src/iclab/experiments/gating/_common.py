@@ -52,6 +52,7 @@ from iclab.engines import Members, population, seed_keys, train_members
 from iclab.engines.joint import member_keys
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param
+from iclab.experiments._memory import FLOAT64, Term, itemsize, records, total
 from iclab.experiments._plot import COLORS
 from iclab.models import get_model, model_families
 from iclab.models import _blocked, gla, gla_native
@@ -544,6 +545,88 @@ def train_models(config: TrainConfig, kinds: dict[str, Kind], panels, reporter, 
                        data_stream=DATA_STREAM, reporter=reporter, label=label)
     final = jax.tree_util.tree_map(lambda a: np.asarray(a, dtype=np.float64), tr.final_params)
     return tr._replace(final_params=None), final
+
+
+# --------------------------------------------------------------------------------------------
+# Memory estimates (``Experiment.memory``)
+
+
+def prompt_tokens(family: str, n_bar: int) -> int:
+    """Tokens T of a prompt of K blocks of n̄ samples: K·n̄ + 1 (the query), plus the K delimiters."""
+    return K * n_bar + 1 + (K if _fmt(family) == "delim" else 0)
+
+
+def _token_floats(config: TaskConfig, kind: Kind, n_bar: int, native: bool = False) -> float:
+    """Numbers one model keeps per prompt of n̄ samples for its backward pass. XLA: a few (T, D) projections and
+    outputs per layer, vector gates a (D, D) gate product per token, and each full layer of an L-layer model (the
+    parallel form of :mod:`iclab.models.gla`) its (T, T) scores besides. The native kernels (``native``) compute
+    loss and gradient together: nothing per prompt for one layer, a few (T, D) activations per full layer."""
+    T, D = prompt_tokens(kind.family, n_bar), token_width(kind.family, config.d, config.p)
+    layers = kind.options.get("layers", 1)
+    if native:  # one-layer models: nothing per prompt (gla_native.query_mse_grid)
+        return 4 * T * D * (layers - 1)
+    per_layer = 8 * T * D + (T * D * D if kind.family == "gla_vector" else 0)
+    return per_layer + (layers - 1) * (per_layer + 2 * T * T)
+
+
+def training_memory(config: TrainConfig, kinds: dict[str, Kind], n_panels: int) -> Term:
+    """Upper estimate of :func:`train_models`' memory: every seed's step at once (vmapped), in the training dtype.
+
+    The step's tokens: every panel's batch of ``batch`` prompts of T(n̄) tokens of width D, one tensor per n̄
+    (``separate``) or one at n̄_max (``padded``, and the native kernels), per token format; and every model's
+    saved forward values (:func:`_token_floats`) over its batch, for each (kind, panel, n̄).
+    """
+    S, B, item = config.seeds, config.batch, itemsize(config.dtype)
+    n_bars, n_max = config.n_bars, max(config.n_bars)
+    one_draw = config.nbar_layout == "padded" or config.kernel == "native"
+    tokens = 0.0
+    for family in {kind.family for kind in kinds.values()}:
+        D = token_width(family, config.d, config.p)
+        T = [prompt_tokens(family, n_max)] if one_draw else [prompt_tokens(family, nb) for nb in n_bars]
+        tokens += 2.0 * n_panels * B * D * sum(T)
+    native = config.kernel == "native"
+    models = sum(len(kind.panels) * _token_floats(config, kind, n_max if one_draw else nb, native)
+                 for kind in kinds.values() for nb in n_bars)
+    return total([(item * S * tokens, f"the token batches of {n_panels} panel(s) × {B} prompts × {S} seed(s)"),
+                  (item * S * B * models, f"the saved activations of every model over {B} prompts × {S} seed(s)"),
+                  (records(seeds=S, steps=config.steps, record_every=config.record_every, values=2, item=item),
+                   "the recorded loss")])
+
+
+def evaluation_memory(config: TrainConfig, kinds: dict[str, Kind], n_panels: int, n_classes: int) -> Term:
+    """Upper estimate of :func:`evaluate`'s memory, float64: one chunk of test prompts (their tokens at every n̄,
+    and the forward values of one model at a time on them), and every (seed, panel)'s per-prompt squared errors of
+    its models and reference predictors at every n̄, kept to the end (and a chunk list beside the current
+    panel's)."""
+    n_bars, G, S = config.n_bars, len(config.n_bars), config.seeds
+    chunk = min(config.eval_chunk, config.n_eval)
+    padded = config.nbar_layout == "padded"
+    at = [max(n_bars)] * G if padded else list(n_bars)
+    per_chunk = 0.0
+    for family in {kind.family for kind in kinds.values()}:
+        D = token_width(family, config.d, config.p)
+        per_chunk += 2.0 * chunk * D * sum(prompt_tokens(family, nb) for nb in at)
+    # forward only: one model's values at a time (freed before the next model's)
+    per_chunk += chunk * max(_token_floats(config, kind, nb) for kind in kinds.values() for nb in at)
+    rows = S * (sum(len(kind.panels) for kind in kinds.values()) + n_panels * n_classes)
+    return total([(FLOAT64 * per_chunk, f"a chunk of {chunk} float64 test prompts and the models' forward values"),
+                  (2.0 * FLOAT64 * rows * G * config.n_eval,
+                   f"the per-prompt squared errors of {config.n_eval} test prompts × {G} n̄ × {rows} models and "
+                   "references")])
+
+
+def baselines_memory(config: TaskConfig, kinds: Sequence[str], n_panels: int, *, N: int) -> Term:
+    """Upper estimate of the restricted models and the held-out baselines (:func:`train_restricted`,
+    :func:`restricted_algorithm_match`, :func:`bayes_risks`), float64: the (K n̄_max)² correlation matrices of
+    every (panel, n̄), and each seed's models' risks through them with their gradients; N held-out prompts with
+    the Bayes posterior's ((K+1)d)² covariances."""
+    n = K * max(config.n_bars)
+    G, S, d = len(config.n_bars), config.seeds, config.d
+    tokens = (n + K + 1) * (d + 1 + config.p)
+    return total([(FLOAT64 * n_panels * G * n * n * (2 + 4 * S * max(len(kinds), 1)),
+                   f"the (K n̄_max)² correlation matrices of {n_panels} panel(s) × {G} n̄ and the restricted models' "
+                   "risks through them"),
+                  (FLOAT64 * N * (8 * tokens + 4 * ((K + 1) * d) ** 2), f"the {N} held-out prompts")])
 
 
 # --------------------------------------------------------------------------------------------

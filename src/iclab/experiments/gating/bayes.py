@@ -28,6 +28,7 @@ from pydantic import field_validator, model_validator
 from iclab import baselines as bl
 from iclab.experiments import Experiment, register
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT64, total
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.experiments.gating._common import PANELS, PAPER
@@ -127,6 +128,19 @@ def _squared_errors(key, factors, P_w, om_w, P_s, om_s, sigma2, *, sizes, B, d):
                 "bayes_cond": bl.multitask_bayes_risk(x, block_sizes=sizes, factor=L, sigma2=sigma2)}
 
     return jax.lax.map(one, (factors, P_w, om_w, P_s, om_s))
+
+
+def memory_gating_bayes(config: GatingBayesConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_gating_bayes`'s memory, float64: one chunk of prompts at the largest n̄ (2n̄
+    samples of width d + 1, 10 copies, with the Bayes posterior's (3d)² covariances, 6 copies, per prompt), and
+    the four per-prompt squared errors of every (panel, ρ) setting, kept in chunks and concatenated."""
+    n, d = max(config.n_bars), config.d
+    B = -(-config.prompts // -(-config.prompts // config.chunk))
+    settings = len(config.panels) * len(config.rhos)
+    return total([(FLOAT64 * B * (10 * (2 * n + 1) * (d + 1) + 6 * (3 * d) ** 2),
+                   f"a chunk of {B} prompts of 2·{n} samples"),
+                  (2.0 * FLOAT64 * 4 * settings * config.prompts,
+                   f"the per-prompt squared errors of {config.prompts} prompts × {settings} settings")])
 
 
 def _mean_se(v) -> tuple[float, float]:
@@ -290,6 +304,7 @@ register(
         run=run_gating_bayes,
         checks=checks_gating_bayes,
         plot=plot_gating_bayes,
+        memory=memory_gating_bayes,
         notes=[
             "This result goes beyond the paper: the paper's optimum (eq 17 = the vector-gated GLA, Thm 5; eq 22 for "
             "scalar gating) is the best one-layer GLA, never compared with the Bayes-optimal predictor of its own data "

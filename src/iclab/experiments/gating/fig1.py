@@ -20,9 +20,11 @@ from iclab.experiments.gating._common import (
     PAPER,
     Kind,
     TrainConfig,
+    baselines_memory,
     bayes_risks,
     block_label,
     evaluate,
+    evaluation_memory,
     family_names,
     nbar_blocks,
     put_block,
@@ -31,7 +33,9 @@ from iclab.experiments.gating._common import (
     theory_refs,
     train_models,
     train_restricted,
+    training_memory,
 )
+from iclab.experiments._memory import largest
 
 PanelName = Literal["a", "b", "c", "d"]
 
@@ -171,6 +175,18 @@ def run_fig1(config: Fig1Config, reporter, *, n_max: int | None = None, classes=
     bayes, bayes_se = bayes_risks(config, panels, N=config.n_match)
     out["bayes_risk"], out["bayes_risk_se"] = bayes / config.d, bayes_se / config.d
     return out
+
+
+def memory_fig1(config: Fig1Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig1`'s memory: the joint training of every (kind, panel, n̄) model
+    (:func:`iclab.experiments.gating._common.training_memory`), then their evaluation on n_eval test prompts per
+    seed and panel (:func:`~iclab.experiments.gating._common.evaluation_memory`), then the restricted models and
+    the held-out baselines (:func:`~iclab.experiments.gating._common.baselines_memory`); the largest phase."""
+    models, n_panels = _models(config), len(config.panels)
+    restricted = [k for k in ("linatt", "gla", "gla_vector") if k in config.models] if config.restricted else []
+    return largest(training_memory(config, models, n_panels),
+                   evaluation_memory(config, models, n_panels, len({kind.ref for kind in models.values()})),
+                   baselines_memory(config, restricted, n_panels, N=config.n_match))
 
 
 # Shards: one per (panel, block of n̄). Every array of the figure is indexed by (…, panel, n̄), and a model's
@@ -494,6 +510,7 @@ register(
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
+        memory=memory_fig1,
         shards=shards_fig1,
         run_shard=run_shard_fig1,
         assemble=assemble_fig1,

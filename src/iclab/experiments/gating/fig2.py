@@ -19,12 +19,15 @@ from iclab.experiments.gating._common import (
     TrainConfig,
     block_label,
     evaluate,
+    evaluation_memory,
     nbar_blocks,
     put_block,
     summed_loss,
     theory_refs,
     train_models,
+    training_memory,
 )
+from iclab.experiments._memory import largest
 
 # The registered family of the residual L-layer GLA (eq 25); its depth is an init option.
 FAMILY = "gla_multilayer"
@@ -77,6 +80,14 @@ def run_fig2(config: Fig2Config, reporter, *, n_max: int | None = None) -> dict:
                 "eq17": refs["eq17"] / config.d, "eq24": refs["eq24"] / config.d,
                 "train_step": tr.step, "train_loss": tr.loss})
     return out
+
+
+def memory_fig2(config: Fig2Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig2`'s memory: the joint training of every (depth, n̄) model, its full layers'
+    (T, T) scores included (:func:`iclab.experiments.gating._common.training_memory`), then their evaluation
+    (:func:`~iclab.experiments.gating._common.evaluation_memory`); the larger phase."""
+    models = _models(config)
+    return largest(training_memory(config, models, 1), evaluation_memory(config, models, 1, 1))
 
 
 # Shards: one per (depth L, block of n̄). A model's id is a function of (L, n̄) (code L, panel a) and every
@@ -235,6 +246,7 @@ register(
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
+        memory=memory_fig2,
         shards=shards_fig2,
         run_shard=run_shard_fig2,
         assemble=assemble_fig2,

@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT64
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most
@@ -115,6 +116,15 @@ def run_optimum(config: OptimumConfig, reporter) -> dict:
     return out
 
 
+def memory_optimum(config: OptimumConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_optimum`'s memory: at the largest n̄, the (K n̄)² correlation matrix R of
+    the K·n̄ samples and the few matrices of its closed forms (R + cI, its factorisation, products with the block
+    indicator; autodiff's values in BFGS), 8 of them, float64."""
+    n = len(config.task_R) * max(config.n_bars)
+    return (8.0 * FLOAT64 * (n * n + config.d ** 2),
+            f"the {n}×{n} float64 correlation matrices of the K·n̄ samples")
+
+
 def checks_optimum(config: OptimumConfig, r: dict) -> list:
     checks = []
     n_bars = list(config.n_bars)
@@ -196,6 +206,7 @@ register(
         run=run_optimum,
         checks=checks_optimum,
         plot=plot_optimum,
+        memory=memory_optimum,
         notes=[
             "Theory only (iclab.theory.wpgd): eq 17 and Thm 2 with the corrected P* (spec §3), eq 24, eq 22 via the "
             "exact monotone-cone Rayleigh quotient, Thm 5 over block weights; risks divided by d.",

@@ -16,7 +16,8 @@ from iclab.engines import linreg
 from iclab.engines.linreg import LinregTraining, MomentsBackend
 from iclab.experiments._analysis import drop_intervals, first_rise
 from iclab.experiments._config import param
-from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments._memory import records, total
+from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, statistics_memory, training_spec
 from iclab.theory import linattn as theory
 
 OdeAlign = Literal["half_rise", "start"]
@@ -299,6 +300,35 @@ def run_attn_s(config: AttnSConfig, reporter, *, R: int, align: OdeAlign = "half
         out.update({f"{prefix}{key}": value for key, value in
                     readings(t, pop, v, k, q, np.asarray(Lams), lam, inv_N, align).items()})
     return {f"{tag}{key}": value for key, value in out.items()}
+
+
+def attn_s_memory(config: AttnSConfig) -> tuple[float, str]:
+    """An upper estimate of a :func:`run_attn_s` run's memory (``Experiment.memory``), every rank of
+    ``ranks_trained`` and every engine of ``engines_run``.
+
+    The moments engine's statistics pass (:func:`iclab.experiments.linattn._common.statistics_memory`: the
+    P·(N+1)·(D+1) prompts of one seed), and, kept to the end, each run's records: per record and seed the
+    losses, the params v (H), k, q (H, R, D) and the readings' (D,) curves v, k, q of the learners and eq 21,
+    H·(1 + 2RD) + 4D + 3 float64 numbers (:func:`iclab.experiments._memory.records`). Fig 10's aligned
+    population run adds its own records (one seed, H = D heads).
+
+    Returns:
+        (bytes, what).
+    """
+    S, D, H = config.seeds, config.D, config.H
+    terms = []
+    if any(engine == "moments" for _, engine in config.engines_run()):
+        terms += statistics_memory(seeds=S, P=config.P, N=config.N, D=D)
+    for R in config.ranks_trained():
+        for _, engine in config.engines_run():
+            terms.append((records(seeds=S, steps=config.steps, record_every=config.record_every,
+                                  values=H * (1 + 2 * R * D) + 4 * D + 3),
+                          f"the recorded weights of {S} seed(s) at {config.steps // config.record_every + 1} "
+                          f"records (R = {R}, {engine})"))
+    if hasattr(config, "aligned_training"):
+        terms.append((records(seeds=1, steps=config.steps, record_every=config.record_every,
+                              values=D * (1 + 2 * D) + 2), "the aligned run's recorded weights"))
+    return total(terms)
 
 
 def head_escapes(t, loss, v, levels, active: float, frac: float = 0.5) -> list[tuple[int, float, int]]:

@@ -21,6 +21,7 @@ from pydantic import ValidationError, model_validator
 from iclab.engines import seed_keys
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._config import ExperimentConfig, param, validate_eigenvalues
+from iclab.experiments._memory import FLOAT64, Term
 from iclab.tasks.linreg import Spectrum, covariance, spectrum_eigenvalues
 
 PAPER = "linattn"
@@ -87,6 +88,33 @@ def prompts_memory(config) -> tuple[float, str]:
     H = getattr(config, "H", None) or getattr(config, "H_m", 1)
     need = 8.0 * 4 * config.seeds * config.P * (config.N + 1) * (config.D + 1 + H)
     return need, f"the P·(N+1)·(D+1+H) float64 prompts, scores and gradients of {config.seeds} seed(s)"
+
+
+def statistics_memory(*, seeds: int, P: int, N: int, D: int, statistics: str = "prompts",
+                      chunk: int = 8192) -> list[Term]:
+    """The terms of the moments engine's statistics pass (:func:`iclab.engines.linreg.prompt_statistics`).
+
+    Seeds are drawn one after the other, each in one compiled pass: its P prompts at once, P·(N+1)·(D+1)
+    float64 numbers (``statistics="prompts"``: the normal draw, the inputs x = Λ^{1/2}z and the labels, 3 copies)
+    or P·(N+4D) (``"direct"``: the N normals of each prompt's χ² and its β, x_q, w, 3 copies); the cubic
+    feature F = D² of ``chunk`` prompts at a time; then c, m, G of every seed, S·F² (stacked, and the training
+    loop's constant: 3 copies).
+
+    Args:
+        seeds: S; P: prompts per seed; N: context pairs; D: input dimension; statistics: "prompts" or "direct";
+        chunk: prompts per feature block.
+    Returns:
+        [(bytes, what)] terms for :func:`iclab.experiments._memory.total`.
+    """
+    F = D * D
+    if statistics == "direct":
+        draw = (3.0 * FLOAT64 * P * (N + 4 * D), "the P·(N+4D) float64 normals of one seed's statistics draw (direct)")
+    else:
+        draw = (3.0 * FLOAT64 * P * (N + 1) * (D + 1), "the P·(N+1)·(D+1) float64 prompts of one seed's statistics "
+                                                       "pass")
+    return [draw,
+            (3.0 * FLOAT64 * min(P, chunk) * F, "a chunk of cubic features"),
+            (3.0 * FLOAT64 * seeds * (F * F + F + 1), f"the D²×D² moment matrices G of {seeds} seed(s)")]
 
 
 def training_spec(**fields) -> LinregTraining:

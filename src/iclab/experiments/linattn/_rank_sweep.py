@@ -15,7 +15,8 @@ from iclab.experiments._analysis import drop_tolerance, plateau_dwell
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments.checks import check_abs, check_at_least
-from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments._memory import records, total
+from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, statistics_memory, training_spec
 from iclab.tasks.linreg import Spectrum
 from iclab.theory import linattn as theory
 
@@ -106,6 +107,17 @@ def run_rank_sweep(config: RankSweepConfig, reporter) -> dict:
         out[f"loss_R{R}"], out[f"pop_R{R}"] = np.asarray(tr.loss), np.asarray(tr.metrics["population"])
         out["t"], out["step"] = np.asarray(tr.t), np.asarray(tr.step)
     return out
+
+
+def rank_sweep_memory(config: RankSweepConfig) -> tuple[float, str]:
+    """An upper estimate of :func:`run_rank_sweep`'s memory (``Experiment.memory``): the statistics pass of the
+    P prompts of one seed (:func:`iclab.experiments.linattn._common.statistics_memory`, ``statistics`` as
+    configured) and, per rank, the recorded training and population losses of every seed."""
+    S = config.seeds
+    terms = statistics_memory(seeds=S, P=config.P, N=config.N, D=config.D, statistics=config.statistics)
+    terms.append((len(config.ranks) * records(seeds=S, steps=config.steps, record_every=config.record_every, values=3),
+                  f"the recorded losses of {len(config.ranks)} rank(s) × {S} seed(s)"))
+    return total(terms)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from iclab.engines import linreg
 from iclab.engines.linreg import Engine, LinregTraining
 from iclab.experiments._analysis import count_drops, first_crossing
 from iclab.experiments._config import param
+from iclab.experiments._memory import records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, baseline_lines, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_least, check_at_most, check_equal
@@ -73,6 +74,15 @@ class Fig1Config(CovarianceConfig):
             for engine in ("population", "sampled"):
                 self.training(model, engine)
         return self
+
+
+def memory_fig1(config: Fig1Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig1`'s memory: the sampled engine's P prompts with their scores and gradients
+    (:func:`iclab.experiments.linattn._common.prompts_memory`) and the records of the four runs (two models, two
+    engines: losses and the population loss)."""
+    return total([prompts_memory(config),
+                  (4 * records(seeds=config.seeds, steps=config.steps, record_every=config.record_every, values=3),
+                   "the recorded losses of the four runs")])
 
 
 def run_fig1(config: Fig1Config, reporter) -> dict:
@@ -297,6 +307,6 @@ register(
             "The sampled panel shows the training loss; the drop count and plateau check use the population loss of the sampled weights (an exact function of the weights, free of the O(1/√P) offset of the empirical loss).",
             "Algorithm match (issue 22, extension): each run's trained ATTN_M against eq 11's predictor, one step of preconditioned GD with P = A*ᵀ, A* = (Λ + (Λ + trΛ·I)/N)⁻¹ (iclab.baselines.preconditioned_gd), on n_eval held-out prompts per seed (fold_in(key_s, 11)): the gap E(ŷ − ŷ_eq11)², which equals the excess population loss because ŷ is linear in A, is checked against the final-loss tolerance (population run) and against the asymptotic excess of a least-squares fit on P prompts (sampled run); the query-sensitivity cosine ≥ 0.99; and no model below the Bayes risk by more than 3 SE — which is 0 here (N ≥ D noiseless pairs: the posterior mean is least squares), so that floor cannot bind. Thin grey lines: one GD step, eq 11 and the Bayes risk on the held-out prompts.",
         ],
-        memory=prompts_memory,
+        memory=memory_fig1,
     )
 )

@@ -14,7 +14,7 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, MODEL_COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
-from iclab.experiments.linattn._attn_s import AttnSConfig, drop_end_times, eigenbasis, run_attn_s
+from iclab.experiments.linattn._attn_s import AttnSConfig, attn_s_memory, drop_end_times, eigenbasis, run_attn_s
 from iclab.experiments.linattn._common import PAPER, covariances, training_spec
 from iclab.theory import linattn as theory
 
@@ -179,6 +179,7 @@ register(
         run=run_fig10,
         checks=checks_fig10,
         plot=plot_fig10,
+        memory=attn_s_memory,
         runtime={"quick": "5 s on the idle 2-core machine (20 s on a slower one)", "paper": "9 s on the idle 2-core machine (146 s at load 7); 3/3 checks"},
         notes=[
             "Fig 10 is the Fig 3 setup (linattn.fig3: H = 4, w_init = 0.06, P = 80000, lr 0.197, 50k steps) with "

@@ -10,7 +10,7 @@ from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import (
-    RankConfig, escape_violations, plateau_errors, plot_rank_column, rank_escapes, run_ranks,
+    RankConfig, attn_s_memory, escape_violations, plateau_errors, plot_rank_column, rank_escapes, run_ranks,
 )
 from iclab.experiments.linattn._common import PAPER
 
@@ -72,6 +72,7 @@ register(
         run=run_ranks,
         checks=checks_fig11,
         plot=plot_fig11,
+        memory=attn_s_memory,
         runtime={"quick": "5 s on the idle 2-core machine (29 s on a slower one)", "paper": "9 s on the idle 2-core machine (50 s at load 6); 9/9 checks"},
         notes=[
             "The Fig 3 setup (w_init = 0.06, P = 80000, lr 0.197, 50k steps, λ = (.4, .3, .2, .1)) with H = 5 heads "

@@ -6,7 +6,7 @@ from iclab.experiments._config import param
 from iclab.experiments import Experiment, register
 from iclab.experiments.linattn._common import PAPER
 from iclab.experiments.linattn._rank_sweep import (
-    NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, run_rank_sweep,
+    NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, rank_sweep_memory, run_rank_sweep,
 )
 
 
@@ -26,6 +26,7 @@ register(
         run=run_rank_sweep,
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
+        memory=rank_sweep_memory,
         runtime={"quick": "9 s on the idle 2-core machine (45 s on a slower one)", "paper": "11 s on the idle 2-core machine (49 s at load 5); 16/16 checks"},
         notes=NOTES,
     )

@@ -10,7 +10,8 @@ from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
 from iclab.experiments.linattn._attn_s import (
-    RankConfig, escape_violations, plateau_errors, plateau_points, plot_rank_column, rank_escapes, run_ranks,
+    RankConfig, attn_s_memory, escape_violations, plateau_errors, plateau_points, plot_rank_column, rank_escapes,
+    run_ranks,
 )
 from iclab.experiments.linattn._common import PAPER
 
@@ -75,6 +76,7 @@ register(
         run=run_ranks,
         checks=checks_fig13,
         plot=plot_fig13,
+        memory=attn_s_memory,
         runtime={"quick": "6 s on the idle 2-core machine (31 s on a slower one)", "paper": "12 s on the idle 2-core machine (78 s at load 6); 12/12 checks"},
         notes=[
             "The Fig 3 setup (H = 4, w_init = 0.06, P = 80000, lr 0.197, 50k steps) with λ = (.35, .35, .15, .15). "

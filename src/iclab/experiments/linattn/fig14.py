@@ -12,6 +12,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg, moments
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._config import param
+from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_equal
@@ -119,6 +120,33 @@ def _data(config: Fig14Config, key, Lam):
 
 def _stack(trees):
     return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+
+def memory_fig14(config: Fig14Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig14`'s memory, float64.
+
+    Every seed draws its K portions' P training prompts and three test sets of P_test prompts ((N+1)(D+1) + D
+    numbers each; a mixture's draw, its task labels and noise beside it), and the training sets are stacked into
+    one (K·S, P) batch beside them: 4 copies (measured 2.6 for the test sets). The moments engine then
+    forms the full-matrix feature φ (F = (D+1)²D numbers per prompt, twice) of every training row and of each
+    test set, and keeps F×F statistics per row (the tests' tiled K times); the sampled engine tiles the test
+    prompts K times and trains on the K·S rows (:func:`iclab.experiments.linattn._common.prompts_memory` per
+    row). The records hold the loss, the population loss and four test metrics per record and row.
+    """
+    S, K, D, N, P, Pt = config.seeds, len(config.fixed_portions), config.D, config.N, config.P, config.P_test
+    per_prompt = (N + 1) * (D + 1) + D
+    F = (D + 1) ** 2 * D
+    terms = [(4.0 * FLOAT64 * S * (K * P + 3 * Pt) * per_prompt,
+              f"the K·P training and 3·P_test test prompts of {S} seed(s), K = {K}")]
+    if config.engine == "moments":
+        terms += [(2.0 * FLOAT64 * max(K * S * P, S * Pt) * F, "the full-matrix features of the prompts"),
+                  (3.0 * FLOAT64 * 4 * K * S * F * F, f"the {F}×{F} statistics of every row and test set")]
+    else:
+        terms += [(FLOAT64 * 3 * K * S * Pt * per_prompt, "the test prompts tiled over the portions"),
+                  (K * prompts_memory(config)[0], "the training prompts' scores and gradients")]
+    terms.append((records(seeds=K * S, steps=config.steps, record_every=config.record_every, values=7),
+                  "the recorded losses"))
+    return total(terms)
 
 
 def run_fig14(config: Fig14Config, reporter) -> dict:
@@ -343,6 +371,6 @@ register(
             "w_init 3e-5 and lr 0.0155 are the reference's --init 1e-6 and --lr 5e-4 mapped to the paper's model with "
             "1/N (weights ×√N, lr ×N, same step axis); 5000 steps, the x-range of the reference notebook's plot.",
         ],
-        memory=prompts_memory,
+        memory=memory_fig14,
     )
 )

@@ -10,7 +10,7 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
-from iclab.experiments.linattn._attn_s import AttnSConfig, OdeAlign, plateau_errors, run_attn_s
+from iclab.experiments.linattn._attn_s import AttnSConfig, OdeAlign, attn_s_memory, plateau_errors, run_attn_s
 from iclab.experiments.linattn._common import PAPER
 
 
@@ -188,6 +188,7 @@ register(
         run=run_fig3,
         checks=checks_fig3,
         plot=plot_fig3,
+        memory=attn_s_memory,
         runtime={"quick": "5 s on the idle 2-core machine (19 s on a slower one)", "paper": "11 s on the idle 2-core machine (97 s at load 6); 9/9 checks"},
         notes=[
             "H = 4 as in the caption (reference code: 5, `--set H=5`). With H = D every head must learn, and a head "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from iclab.experiments import Experiment, register
 from iclab.experiments.linattn._common import PAPER
 from iclab.experiments.linattn._rank_sweep import (
-    NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, run_rank_sweep,
+    NOTES, QUICK, RankSweepConfig, checks_rank_sweep, plot_rank_sweep, rank_sweep_memory, run_rank_sweep,
 )
 
 register(
@@ -26,6 +26,7 @@ register(
         run=run_rank_sweep,
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
+        memory=rank_sweep_memory,
         runtime={"quick": "9 s on the idle 2-core machine (24 s on a slower one)", "paper": "9 s on an idle 2-core machine (24.5 s on a slower one, 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
         notes=NOTES + [
             "Deviation at the paper preset: R = 1 fails two checks (see the runtime table): some seeds are still "

@@ -9,6 +9,7 @@ from iclab.engines import linreg
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import count_drops
 from iclab.experiments._config import param
+from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_least, check_at_most, check_equal
@@ -16,7 +17,6 @@ from iclab.experiments.linattn._common import (
     PAPER,
     CovarianceConfig,
     keys_and_covariances,
-    prompts_memory,
     training_spec,
 )
 
@@ -57,6 +57,18 @@ class Fig5Config(CovarianceConfig):
         for name in MODELS:
             self.training(name)
         return self
+
+
+def memory_fig5(config: Fig5Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig5`'s memory, float64: the P prompts of every seed, 4 (D+1) numbers per token
+    (the draw, the tokens and their gradient's contractions), and per token and head of the model with more heads
+    8 numbers (the softmax's scores, exponentials, weights and their gradients; measured: the two together 52 at
+    D = 4, H = 8), then both models' recorded losses."""
+    S, every, H = config.seeds, config.record_every, max(config.H_m, config.H_s)
+    return total([(FLOAT64 * S * config.P * (config.N + 1) * (4 * (config.D + 1) + 8 * H),
+                   f"the P·(N+1) tokens of {S} seed(s) and their softmax scores and gradients ({H} heads)"),
+                  (records(seeds=S, steps=config.steps_m, record_every=every, values=3)
+                   + records(seeds=S, steps=config.steps_s, record_every=every, values=3), "the recorded losses")])
 
 
 def run_fig5(config: Fig5Config, reporter) -> dict:
@@ -146,6 +158,6 @@ register(
             "init makes W₁ rank one, eq 55, and softmax heads must break that symmetry); the others drop once with "
             "a shoulder. A larger init (w_init = 1e-2, the quick preset) or ρ = 4 gives one drop.",
         ],
-        memory=prompts_memory,
+        memory=memory_fig5,
     )
 )

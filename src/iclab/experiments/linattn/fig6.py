@@ -11,6 +11,7 @@ from iclab.engines import linreg, population
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import count_drops, first_rise
 from iclab.experiments._config import param
+from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_equal, check_rel
@@ -188,6 +189,22 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
     return out
 
 
+def memory_fig6(config: Fig6Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig6`'s memory: the two gradient flows record the weights of every
+    (init, seed) run at n_records + 1 times, ATTN_M's H_m(1 + D²) numbers (W_m·S runs) and ATTN_S's
+    H_s(1 + 2D) (W_s·S runs and the aligned ones), float64, three copies
+    (:func:`iclab.experiments._memory.records`)."""
+    S, D = config.seeds, config.D
+    n_aligned = sum(w <= config.fit_max_init for w in config.w_inits_s)
+    runs_m, runs_s = len(config.w_inits_m) * S, len(config.w_inits_s) * S + n_aligned
+    return total([
+        (records(seeds=runs_m, steps=config.n_records, record_every=1, values=config.H_m * (1 + D * D) + 1),
+         f"the recorded ATTN_M weights of {runs_m} runs × {config.n_records + 1} records"),
+        (records(seeds=runs_s, steps=config.n_records, record_every=1, values=config.H_s * (1 + 2 * D) + 1),
+         f"the recorded ATTN_S weights of {runs_s} runs × {config.n_records + 1} records"),
+    ])
+
+
 def _slope(x, y):
     """Least-squares slope of y on x (all points pooled)."""
     x, y = np.ravel(x), np.ravel(y)
@@ -316,6 +333,7 @@ register(
         run=run_fig6,
         checks=checks_fig6,
         plot=plot_fig6,
+        memory=memory_fig6,
         runtime={"quick": "12 s on the idle 2-core machine (43 s on a slower one)", "paper": "110 s on the idle 2-core machine (16 min at load 6); 8/8 checks"},
         notes=[
             "Dynamics: population gradient flow (eq 5, exact expected loss, τ = 1 on t = Σ lr) with log-spaced records: "

@@ -13,6 +13,7 @@ from iclab.engines import linreg, moments
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import drop_intervals
 from iclab.experiments._config import param
+from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_equal
@@ -136,6 +137,26 @@ def _stats(config: Fig7Config, keys, Lams):
         return {"c": st.c, "m": st.m, "G": st.G}
 
     return one(keys, Lams)
+
+
+def memory_fig7(config: Fig7Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig7`'s memory.
+
+    The next-token statistics are computed for every seed at once (:func:`_stats`, vmapped): per seed the
+    P·(N_max+1)·(D+1) prompts and, per (prompt, position) row, the cubic feature z (D²) beside the running
+    sums β_n and inputs x_n, float64; XLA keeps about 6 such copies of each row (the feature's reshapes and
+    the blocks of the Gram's row loop): 6·(D² + 2(D+1)) numbers per row. Then four trainings (ATTN_M and
+    ATTN_S, population and moments) record their weights: H_m(1 + D²) and H_s(1 + 2RD) numbers per record and
+    seed.
+    """
+    S, P, N, D = config.seeds, config.P, config.N_max, config.D
+    terms = [(6.0 * FLOAT64 * S * P * (N + 1) * (D * D + 2 * (D + 1)),
+              f"the P·N_max next-token rows (cubic features D² and prompts) of {S} seed(s) at once")]
+    for H, values, steps, every in ((config.H_m, 1 + D * D, config.steps_m, config.record_every_m),
+                                    (config.H_s, 1 + 2 * config.R * D, config.steps_s, config.record_every_s)):
+        terms.append((2 * records(seeds=S, steps=steps, record_every=every, values=H * values + 3),
+                      "the recorded weights of the four trainings"))
+    return total(terms)
 
 
 def _run_model(model: str, config: Fig7Config, keys, Lams, stats, reporter) -> dict:
@@ -319,6 +340,7 @@ register(
         run=run_fig7,
         checks=checks_fig7,
         plot=plot_fig7,
+        memory=memory_fig7,
         runtime={"quick": "7 s on the idle 2-core machine (27 s on a slower one)", "paper": "19 s on the idle 2-core machine (171 s at load 5); 17/17 checks"},
         notes=[
             "Data (eq 23): each prompt has N_max + 1 tokens; every prefix n = 2..N_max+1 is a query with the first "

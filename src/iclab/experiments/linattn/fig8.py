@@ -9,10 +9,13 @@ from iclab.engines import linreg
 from iclab.engines.linreg import LinregTraining, Statistics
 from iclab.experiments._analysis import count_drops, drop_tolerance
 from iclab.experiments._config import param
+from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_least, check_equal
-from iclab.experiments.linattn._common import PAPER, CovarianceConfig, keys_and_covariances, training_spec
+from iclab.experiments.linattn._common import (
+    PAPER, CovarianceConfig, keys_and_covariances, statistics_memory, training_spec,
+)
 from iclab.experiments.linattn._rank_sweep import (
     PLATEAU_TOL, VISIT_DWELL, normalized_dwell, plateau_loss, worst_visited_plateau,
 )
@@ -97,6 +100,18 @@ def run_fig8(config: Fig8Config, reporter) -> dict:
         tr = linreg.train(config.training_s(R), label=f"ATTN_S R = {R} (moments, P = {config.P})", **common)
         out[f"loss_S{R}"], out[f"pop_S{R}"], out["t_s"] = tr.loss, tr.metrics["population"], tr.t
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+def memory_fig8(config: Fig8Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig8`'s memory: the statistics pass of one seed's P prompts
+    (:func:`iclab.experiments.linattn._common.statistics_memory`) and every panel's recorded losses."""
+    S = config.seeds
+    terms = statistics_memory(seeds=S, P=config.P, N=config.N, D=config.D, statistics=config.statistics)
+    terms.append((len(config.heads_m) * records(seeds=S, steps=config.steps_m, record_every=config.record_every_m,
+                                                values=3), "the recorded losses of the ATTN_M panels"))
+    terms.append((len(config.ranks_s) * records(seeds=S, steps=config.steps_s, record_every=config.record_every_s,
+                                                values=3), "the recorded losses of the ATTN_S panels"))
+    return total(terms)
 
 
 def _worst(values, target) -> float:
@@ -186,6 +201,7 @@ register(
         run=run_fig8,
         checks=checks_fig8,
         plot=plot_fig8,
+        memory=memory_fig8,
         runtime={"quick": "4 s on the idle 2-core machine (16 s on a slower one)", "paper": "7 s on the idle 2-core machine (33 s at load 6); 12/12 checks"},
         notes=[
             "The caption fixes N = 127, trΛ = 1 and λ_d ∝ 1/d; every other setting is 'labeled at the top of each "

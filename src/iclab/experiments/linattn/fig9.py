@@ -9,6 +9,7 @@ from pydantic import model_validator
 from iclab.engines import linreg
 from iclab.engines.linreg import Engine, LinregTraining
 from iclab.experiments._config import param
+from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most
@@ -78,6 +79,16 @@ def conserved_drift(v, U) -> np.ndarray:
     v, W1 = np.asarray(v), _rows(U)
     C = v[..., :, None] * v[..., None, :] - W1 @ np.swapaxes(W1, -1, -2)
     return np.max(np.abs(C - C[:, :1]), axis=(-2, -1))
+
+
+def memory_fig9(config: Fig9Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig9`'s memory: the sampled engine's P prompts with their scores and gradients
+    (:func:`iclab.experiments.linattn._common.prompts_memory`) and the recorded weights of the three runs, H(1 + D²)
+    numbers per record and seed (ATTN_M's v and U, the MLP's w₂ and W₁) beside the losses."""
+    values = config.H * (1 + config.D ** 2) + 3
+    return total([prompts_memory(config),
+                  (3 * records(seeds=config.seeds, steps=config.steps, record_every=config.record_every,
+                               values=values), "the recorded weights of the three runs")])
 
 
 def run_fig9(config: Fig9Config, reporter) -> dict:
@@ -230,6 +241,6 @@ register(
             "Plateau snapshot: half-way (plateau_frac) through the time the population loss takes to fall half-way "
             "from L(M₀) to L(M_D).",
         ],
-        memory=prompts_memory,
+        memory=memory_fig9,
     )
 )

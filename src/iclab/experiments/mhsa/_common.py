@@ -5,9 +5,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from iclab.experiments._memory import FLOAT64, Term
 from iclab.theory import mhsa as theory
 
 PAPER = "mhsa"
+
+
+def bayes_mc_memory(*, n: int, batch_size: int, d_bar: int, L: int) -> Term:
+    """Upper estimate of :func:`iclab.theory.mhsa.bayes_risk_mc`'s memory, float64: one batch of
+    min(n, batch_size) draws of the (d̄, L) covariates (and their product's operand), their (L,) responses and
+    (d̄, d̄) Gram matrices, and the n risks kept.
+
+    Args:
+        n: Monte Carlo draws; batch_size: draws per batch; d_bar: d̄; L: context length.
+    Returns:
+        (bytes, what).
+    """
+    m = min(n, batch_size)
+    return (float(FLOAT64 * (m * (2 * d_bar * L + 3 * L + 3 * d_bar * d_bar) + 2 * n)),
+            f"a batch of {m} Monte Carlo draws of d̄×L = {d_bar}×{L} float64 covariates")
 
 
 def loss_curves(r, I: int, *, lam: float, sigma2: float, penalties=(), d_bar: int = 100) -> dict:

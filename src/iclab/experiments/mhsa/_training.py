@@ -20,6 +20,7 @@ from pydantic import model_validator
 
 from iclab.engines import Members, seed_keys, train_members
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import Term, itemsize, records, total
 from iclab.models import mhsa as models
 from iclab.tasks.multitask_regression import TaskStructure, homogeneous, sample_prompts
 from iclab.theory import mhsa as theory
@@ -275,6 +276,32 @@ def train_fig1(config: Fig1Config, reporter, *, lr=None, batch: int | None = Non
                        record_every=c.record_every, metrics=metrics, params0=params0, data_stream=data_stream,
                        reporter=reporter, label=label)
     return Fig1Training(ts, d_e, omega0, mu0, keys, tr, tr.final_params["full"])
+
+
+def training_memory(config: Fig1Config, *, spectral: bool = False) -> Term:
+    """Upper estimate of :func:`train_fig1`'s memory (the larger of the two batches, ``batch``), in the training
+    dtype: every seed's step at once (vmapped). Per prompt the covariates X (d, L), the responses and their noise
+    (d_y, L), the tokens Z = [X; Y] (D = d + d_y rows), the spectral model's rotated X, and the backward pass's
+    contractions of them: XLA holds about 24 (D, L) arrays per prompt in a step (measured: 18 at Fig 1's
+    sizes); and per head the (L,) scores and attention of both models. The records hold the read-outs (ω̄, μ)
+    of both models (4HI) and the five defects per record and seed."""
+    S, B, L, H = config.seeds, config.batch, config.L, config.H
+    d, d_y = config.I * config.d_bar, config.I
+    per_prompt = L * (24 * (d + d_y) + 6 * H) + (L * 4 * H if spectral else 0)
+    return total([(itemsize(config.dtype) * S * B * per_prompt,
+                   f"the {B} prompts of (d + d_y)×L = {d + d_y}×{L} tokens of {S} seed(s) and their attention"),
+                  (records(seeds=S, steps=config.steps, record_every=config.record_every,
+                           values=4 * H * config.I + 10), "the recorded read-outs")])
+
+
+def monte_carlo_memory(config: Fig1Config, *, L: int, chunk: int, models: int = 1) -> Term:
+    """Upper estimate of :func:`mc_task_errors` at length L, vmapped over the seeds: one chunk of prompts per
+    seed (X, Y, Z as in :func:`training_memory`, and their products with each weight set: about 8 (D, L) arrays
+    per prompt, measured 6) and each of the ``models`` weight sets' (H, L) scores and attention on it."""
+    S, H, d, d_y = config.seeds, config.H, config.I * config.d_bar, config.I
+    chunk = min(chunk, config.eval_prompts)
+    return (float(itemsize(config.dtype) * S * chunk * L * (8 * (d + d_y) + 4 * H * models)),
+            f"a chunk of {chunk} Monte Carlo prompts of length {L} × {S} seed(s)")
 
 
 def winners(mu_init) -> np.ndarray:

@@ -26,7 +26,10 @@ from iclab.experiments._analysis import first_rise
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure, theory_levels
 from iclab.experiments.checks import check_at_most, check_equal, check_rel
 from iclab.experiments.mhsa._common import PAPER
-from iclab.experiments.mhsa._training import Fig1Config, head_width, initial_params, mc_loss, train_fig1, winners
+from iclab.experiments._memory import largest
+from iclab.experiments.mhsa._training import (
+    Fig1Config, head_width, initial_params, mc_loss, monte_carlo_memory, train_fig1, training_memory, winners,
+)
 from iclab.progress import task
 from iclab.tasks.multitask_regression import target_second_moment
 from iclab.theory import mhsa as theory
@@ -75,6 +78,14 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
     out.update({"spectral_omega": np.asarray(tr.metrics["spectral"]["omega"]),
                 "spectral_mu": np.asarray(tr.metrics["spectral"]["mu"])})
     return out
+
+
+def memory_fig1(config: Fig1Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig1`'s memory: the training at ``batch`` with the spectral model in its loop
+    (:func:`iclab.experiments.mhsa._training.training_memory`; the companion run at batch / k is smaller), then
+    the Monte Carlo loss on chunks of 2048 prompts per seed (:func:`~iclab.experiments.mhsa._training.
+    monte_carlo_memory`); the larger phase."""
+    return largest(training_memory(config, spectral=True), monte_carlo_memory(config, L=config.L, chunk=2048))
 
 
 #: Defects of Def 3.1's condition (i) and of (ii)-(iii), the residue of each being the largest of its defects.
@@ -248,6 +259,7 @@ register(
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
+        memory=memory_fig1,
         notes=[
             "Unspecified in the paper (spec A9), our choices: plain GD (SGD) with a constant lr on fresh Gaussian "
             "minibatches (batch 4096 at `paper`), ½-MSE (2.6), float32 (the data, weights and gradients); d_e = d "

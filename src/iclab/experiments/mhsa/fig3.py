@@ -11,6 +11,7 @@ import numpy as np
 
 from iclab.experiments._analysis import first_rise
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT64
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
@@ -69,6 +70,13 @@ def run_fig3(config: Fig3Config, reporter) -> dict:
             "mu_36": theory.mu_quasi_equilibrium(w36, d_i=c.d_i, phi=c.phi, L=c.L),
             "rk4_final": y_rk[-1], "omega_grid": grid, "rate": theory.omega_reduced_rate(grid, **args),
             "T0": np.float64(theory.emergence_time(lam=c.lam, phi=c.phi, L=c.L, d_e=c.d_e, omega0=c.omega0))}
+
+
+def memory_fig3(config: Fig3Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig3`'s memory, float64: the RK4 cross-check's grid and its (ω̄, μ) path,
+    3 numbers per step, and the adaptive solvers' outputs and dense interpolants on the n_t times (16 per time)."""
+    return (float(FLOAT64 * (3 * (config.rk4_steps + 1) + 16 * config.n_t)),
+            f"the {config.rk4_steps + 1}-step RK4 path and the {config.n_t} ODE samples")
 
 
 def checks_fig3(config: Fig3Config, a: dict) -> list:
@@ -142,6 +150,7 @@ register(
         run=run_fig3,
         checks=checks_fig3,
         plot=plot_fig3,
+        memory=memory_fig3,
         runtime={"quick": "2 s on the idle 2-core machine (8 s on a slower one)", "paper": "2 s on the idle 2-core machine (6 s at load 4); 5/5 checks"},
         notes=[
             "(3.4)'s ω̄* equation is the corrected form of App. D.3/(D.47) (spec §5.4).",

@@ -13,7 +13,7 @@ from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
-from iclab.experiments.mhsa._common import PAPER
+from iclab.experiments.mhsa._common import PAPER, bayes_mc_memory
 from iclab.progress import task
 from iclab.theory import mhsa as theory
 
@@ -58,6 +58,14 @@ def run_fig4(config: Fig4Config, reporter) -> dict:
             "mmse_b_at_mc_size": np.float64(theory.mmse_table(I=I, d=I * config.mc_d_bar, lam=lam, sigma2=s2,
                                                               L=L_mc)),
             "mc_b": np.asarray(mc_b)}
+
+
+def memory_fig4(config: Fig4Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig4`'s memory: the Monte Carlo Bayes risk at d̄ = mc_d_bar and
+    L = mc_d_bar / r_b, batches of 500 draws (:func:`iclab.experiments.mhsa._common.bayes_mc_memory`); the closed
+    forms hold O(n_r + H_max) numbers."""
+    return bayes_mc_memory(n=config.mc_n, batch_size=500, d_bar=config.mc_d_bar,
+                           L=int(round(config.mc_d_bar / config.r_b)))
 
 
 def checks_fig4(config: Fig4Config, a: dict) -> list:
@@ -116,6 +124,7 @@ register(
         run=run_fig4,
         checks=checks_fig4,
         plot=plot_fig4,
+        memory=memory_fig4,
         runtime={"quick": "2 s on the idle 2-core machine (9 s on a slower one)", "paper": "2 s on the idle 2-core machine (20 s at load 4); 5/5 checks"},
         notes=[
             "H values of panel (a) and the d̄/L range are unspecified in the paper.",

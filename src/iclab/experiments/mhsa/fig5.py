@@ -14,7 +14,7 @@ from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_abs, check_at_most, check_rel
-from iclab.experiments.mhsa._common import PAPER, loss_curves
+from iclab.experiments.mhsa._common import PAPER, bayes_mc_memory, loss_curves
 from iclab.progress import task
 from iclab.theory import mhsa as theory
 
@@ -50,6 +50,13 @@ def run_fig5(config: Fig5Config, reporter) -> dict:
     out.update(mc_r=mc_r, mc=mc, mc_mp=np.array([sum(theory.ridge_variance_bias_mp(rk, I=I, lam=lam, sigma2=s2,
                                                                                   b=b_small)) for rk in mc_r]))
     return out
+
+
+def memory_fig5(config: Fig5Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig5`'s memory: the Monte Carlo ridge risk at its longest context,
+    L = mc_d_bar / min(mc_r), batches of 50 draws (:func:`iclab.experiments.mhsa._common.bayes_mc_memory`)."""
+    return bayes_mc_memory(n=config.mc_n, batch_size=50, d_bar=config.mc_d_bar,
+                           L=int(round(config.mc_d_bar / min(config.mc_r))))
 
 
 def checks_fig5(config: Fig5Config, a: dict) -> list:
@@ -112,6 +119,7 @@ register(
         run=run_fig5,
         checks=checks_fig5,
         plot=plot_fig5,
+        memory=memory_fig5,
         runtime={"quick": "2 s on the idle 2-core machine (7 s on a slower one)", "paper": "2 s on the idle 2-core machine (98 s at load 4); 7/7 checks"},
         notes=[
             "λ, σ² and the x-range are unspecified; we use Fig 4's λ = σ² = 1.",

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT64, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
@@ -70,6 +71,17 @@ def run_fig6(config: Fig6Config, reporter) -> dict:
             cb(j + 1, {})
     return {"r": r, "quad": quad, "approx": _exp_r2_over_L(r, config.L), "r_mc": r_mc, "quad_mc": quad_mc,
             "mc_mean": mc_mean, "mc_se": mc_se}
+
+
+def memory_fig6(config: Fig6Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_fig6`'s memory, float64: a Monte Carlo chunk of 500 × L normals with their
+    softmax (4 arrays) and the mc_samples values kept; the quadrature's blocks of up to 800 u-values × its
+    z-grid (spacing min(0.02, 0.5/r) on |z| ≤ 10), a few temporaries each."""
+    r = max(config.r_max, max(config.r_mc, default=0.0))
+    n_z = int(np.ceil(20.0 / min(0.02, 0.5 / r))) + 1
+    return total([(4.0 * FLOAT64 * 500 * config.L, f"a Monte Carlo chunk of 500 × L = {config.L} softmax samples"),
+                  (2.0 * FLOAT64 * config.mc_samples, "the Monte Carlo values"),
+                  (6.0 * FLOAT64 * 800 * n_z, "the quadrature's blocks")])
 
 
 def _exp_r2_over_L(r, L: int) -> np.ndarray:
@@ -145,6 +157,7 @@ register(
         run=run_fig6,
         checks=checks_fig6,
         plot=plot_fig6,
+        memory=memory_fig6,
         runtime={"quick": "5 s on the idle 2-core machine (27 s on a slower one)", "paper": "10 s on the idle 2-core machine (115 s at load 4); 6/6 checks"},
         notes=[
             "The curve is an exact 2-D quadrature (theory.mhsa.softmax_collision); dots are independent plain Monte Carlo.",

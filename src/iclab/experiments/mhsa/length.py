@@ -20,7 +20,10 @@ from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most
 from iclab.experiments.mhsa._common import PAPER
-from iclab.experiments.mhsa._training import Fig1Config, initial_params, mc_task_errors, train_fig1, winners
+from iclab.experiments._memory import largest
+from iclab.experiments.mhsa._training import (
+    Fig1Config, initial_params, mc_task_errors, monte_carlo_memory, train_fig1, training_memory, winners,
+)
 from iclab.progress import task
 from iclab.theory import mhsa as theory
 
@@ -61,6 +64,15 @@ def lr_schedule(config: LengthConfig):
 def test_lengths(config: LengthConfig) -> np.ndarray:
     """L̃ = round(ratio·L) for each test ratio (at least 2 tokens)."""
     return np.array([max(2, int(round(r * config.L))) for r in config.test_ratios])
+
+
+def memory_length(config: LengthConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_length`'s memory: the training (:func:`iclab.experiments.mhsa._training.
+    training_memory`), then the Monte Carlo losses of the trained and the (4.3) weights on chunks of ``eval_chunk``
+    prompts of the longest test length (:func:`~iclab.experiments.mhsa._training.monte_carlo_memory`); the larger
+    phase."""
+    return largest(training_memory(config),
+                   monte_carlo_memory(config, L=int(test_lengths(config).max()), chunk=config.eval_chunk, models=2))
 
 
 def run_length(config: LengthConfig, reporter) -> dict:
@@ -207,6 +219,7 @@ register(
         run=run_length,
         checks=checks_length,
         plot=plot_length,
+        memory=memory_length,
         notes=[
             "The paper has no length-generalisation experiment. `paper` trains at Fig 1's setting (H = I = 3, "
             "d = 30, L = 100, `mhsa.fig1`'s paper preset, with its last 200 steps annealed) and tests at "

@@ -14,7 +14,7 @@ from iclab.experiments._config import ExperimentConfig, param
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_rel
-from iclab.experiments.mhsa._common import PAPER
+from iclab.experiments.mhsa._common import PAPER, bayes_mc_memory
 from iclab.progress import task
 from iclab.theory import mhsa as theory
 
@@ -60,6 +60,12 @@ def run_table1(config: Table1Config, reporter) -> dict:
     return {"H": np.asarray(c.H), **rows, "mmse_mc": np.asarray(mc), "opts_B": np.float64(opts.B),
             "small_keys": np.array(list(small)), "small_form": np.array([small[k] for k in small]),
             "small_full": np.array([full[k] for k in small])}
+
+
+def memory_table1(config: Table1Config) -> tuple[float, str]:
+    """Upper estimate of :func:`run_table1`'s memory: the Monte Carlo Bayes risk at (d̄, L), batches of 1000 draws
+    (:func:`iclab.experiments.mhsa._common.bayes_mc_memory`); the closed forms hold O(I + len(H)) numbers."""
+    return bayes_mc_memory(n=config.mc_n, batch_size=1000, d_bar=config.d_bar, L=config.L)
 
 
 def checks_table1(config: Table1Config, a: dict) -> list:
@@ -120,6 +126,7 @@ register(
         run=run_table1,
         checks=checks_table1,
         plot=plot_table1,
+        memory=memory_table1,
         runtime={"quick": "2 s on the idle 2-core machine (9 s on a slower one)", "paper": "2 s on the idle 2-core machine (95 s at load 5); 6/6 checks"},
         notes=["Table 1 is symbolic: I, d̄, L, λ, σ² and the H rows are the user's choice (defaults: I = 4, d̄ = 10, L = 200, λ = 1, σ² = 0.5)."],
     )

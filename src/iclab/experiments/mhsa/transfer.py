@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._memory import FLOAT64, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_rel
@@ -134,6 +135,19 @@ def run_transfer(config: TransferConfig, reporter) -> dict:
     }
 
 
+def memory_transfer(config: TransferConfig) -> tuple[float, str]:
+    """Upper estimate of :func:`run_transfer`'s memory, float64: one chunk of contexts (X (d, L), the targets'
+    responses (T, L), and per query the scores, attention and its derivative sums, (L,) each), in one compiled
+    call; then every context's outputs (n, Q, T) and (n, Q, K) kept in chunks, concatenated, and read off
+    against the exact means (a few copies)."""
+    c = config
+    T, Q = len(c.targets), c.n_queries
+    n = -(-c.contexts // c.chunk) * c.chunk
+    return total([(FLOAT64 * c.chunk * c.L * (3 * c.d + 3 * T + 6 * Q), f"a chunk of {c.chunk} contexts of d×L = "
+                   f"{c.d}×{c.L} float64 covariates and {Q} queries' attention"),
+                  (6.0 * FLOAT64 * n * Q * (T + 4), f"the outputs of {n} contexts × {Q} queries")])
+
+
 def checks_transfer(config: TransferConfig, a: dict) -> list:
     c = config
     names = [str(n) for n in a["targets"]]
@@ -225,6 +239,7 @@ register(
         run=run_transfer,
         checks=checks_transfer,
         plot=plot_transfer,
+        memory=memory_transfer,
         notes=[
             "The paper has no experiment for Lemma 5.2. d = 20, L = 1000 and the targets He₂(x₁), x₁x₂, 1 are spec "
             "C14's; the queries (iid N(0, I_d)), the number of contexts and the z-tolerance are our choices.",
