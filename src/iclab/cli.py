@@ -305,7 +305,7 @@ def export_cmd(
     if not rows:
         print(f"No stored runs of {exp_id} in {root}: run it first, e.g. `iclab run {exp_id}`.", file=sys.stderr)
         raise typer.Exit(1)
-    path = Path(out_file).expanduser() if out_file is not None else Path(root) / "exports" / f"{exp_id}.{fmt}"
+    path = writable_file(out_file, "--out") if out_file is not None else Path(root) / "exports" / f"{exp_id}.{fmt}"
     writable_folder(path.parent, "the exports folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     (write_csv if fmt == "csv" else write_parquet)(path, columns, rows)
@@ -371,7 +371,7 @@ def verify_cmd(
     store = Store(readable_root(results), readonly=True)
     if experiment is not None and not store.folders(experiment):
         _known_experiment(experiment)
-    folders = store.folders(experiment)
+    folders = store.folders(experiment) + store.linked_folders(experiment)  # a link is damage, never followed
     bad = 0
     for folder in folders:
         problems = store.verify(folder)

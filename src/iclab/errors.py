@@ -26,7 +26,13 @@ __all__ = ["ConfigError", "ExperimentError", "IndexDamaged", "RunDamaged", "RunF
 
 
 class UserError(Exception):
-    """Bad input from the user: one line, exit code 2, nothing written."""
+    """Bad input from the user: one line, exit code 2, nothing written.
+
+    The message is made one line (:func:`one_line`): a path or value it names may hold a newline.
+    """
+
+    def __init__(self, message: object = "", *args):
+        super().__init__(one_line(message), *args)
 
 
 class ConfigError(UserError):

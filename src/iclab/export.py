@@ -34,7 +34,7 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
     """
     store = Store(root, readonly=True)
     rows, configs = [], []
-    for path in store.folders(exp_id):
+    for path in store.folders(exp_id) + store.linked_folders(exp_id):  # a link is damage, never followed
         problems = store.verify(path)
         if problems:
             if on_damaged is not None:

@@ -49,7 +49,7 @@ from iclab.experiments import Check, all_experiments, get_experiment
 from iclab.names import check_name, is_name
 from iclab.progress import Reporter, RunReporter
 from iclab.provenance import code_identity, config_key, describe_change, environment_versions, file_sha256, run_key
-from iclab.store import Store, default_root, readable_root
+from iclab.store import NPZ_ERRORS, Store, default_root, readable_root
 
 
 @dataclass
@@ -107,7 +107,7 @@ class RunResult:
             try:
                 with np.load(self.path / "trajectories.npz", allow_pickle=False) as data:
                     self._arrays = {k: data[k] for k in data.files}
-            except (OSError, ValueError, EOFError) as err:
+            except NPZ_ERRORS as err:
                 raise StoreError(f"{self.path / 'trajectories.npz'} cannot be read ({type(err).__name__}: "
                                  f"{one_line(err)[:120]}); `iclab verify` checks the store") from None
         return self._arrays
@@ -295,7 +295,7 @@ def load_experiment_file(ref: str):
     from iclab.experiments import Experiment, register
 
     path_text, _, name = str(ref).rpartition(":")
-    path = Path(path_text).expanduser()
+    path = Path(os.path.expanduser(path_text))  # ~user of no such user stays as typed (as in a shell)
     if not name.isidentifier():
         raise ExperimentError(f"{ref}: expected path/to/file.py:NAME with NAME a Python identifier")
     if not path.is_file():
@@ -614,6 +614,7 @@ def checked_arrays(exp_id: str, out, function: str = "run(config, reporter)") ->
         exp_id: the experiment (named in the message); out: what the function returned; function: its name.
     """
     must = f"{exp_id}: {function} must return a dict of numeric arrays by name (str -> numpy array)"
+    # (strings are allowed too: labels beside the numbers)
     if not isinstance(out, Mapping):
         raise ExperimentError(f"{must}; it returned {type(out).__name__}")
     arrays = {}
@@ -624,7 +625,7 @@ def checked_arrays(exp_id: str, out, function: str = "run(config, reporter)") ->
             array = np.asarray(value)
         except (ValueError, TypeError) as err:  # ragged lists
             raise ExperimentError(f"{must}; {key!r} is not an array ({one_line(err)[:80]})") from None
-        if array.dtype.kind not in "biufc":
+        if array.dtype.kind not in "biufcUS":  # numbers, booleans, strings: what npz holds without pickles
             raise ExperimentError(f"{must}; {key!r} has dtype {array.dtype} (object arrays are refused: a stored "
                                   "array must load without unpickling)")
         arrays[key] = array
@@ -1177,7 +1178,9 @@ def writable_file(path: str | os.PathLike, what: str) -> Path:
     text = os.fspath(path)
     if not str(text).strip():
         raise StoreError(f"{what} is empty: name a file")
-    file = Path(text).expanduser()
+    if "\0" in str(text):
+        raise StoreError(f"{what} {str(text)[:60]!r} holds a NUL character: name a file")
+    file = Path(os.path.expanduser(text))  # ~user of no such user stays as typed (as in a shell)
     if file.is_dir():
         raise StoreError(f"{what} {file} is a folder: name a file")
     try:

@@ -39,7 +39,7 @@ def _run_folder(ref, store: Store) -> Path:
     text = os.fspath(ref)
     if not text.strip():
         raise StoreError("the run to load is empty: give a run folder, its name, a run-key prefix or an index id")
-    path = Path(text).expanduser()
+    path = Path(os.path.expanduser(text))  # ~user of no such user stays as typed (as in a shell)
     if (path / "config.json").is_file():  # a folder the user named
         return path
     if not is_name(text):

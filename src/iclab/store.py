@@ -55,6 +55,7 @@ import time
 import uuid
 import warnings
 import zipfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,7 +65,7 @@ from iclab import settings
 from iclab.errors import IndexDamaged, StoreError
 from iclab.names import is_name, is_run_folder, run_folder
 
-__all__ = ["RESULT_FILES", "STATUSES", "IndexDamaged", "RunLock", "Store", "StoreError", "default_root",
+__all__ = ["NPZ_ERRORS", "RESULT_FILES", "STATUSES", "IndexDamaged", "RunLock", "Store", "StoreError", "default_root",
            "readable_root"]
 
 RESULT_FILES = ("config.json", "metrics.json", "trajectories.npz", "figure.png", "figure.pdf", "log.txt")
@@ -72,6 +73,8 @@ RESULT_FILES = ("config.json", "metrics.json", "trajectories.npz", "figure.png",
 FAILED_FILES = ("config.json", "metrics.json", "error.txt", "log.txt")
 #: Every name a run folder's manifest may list.
 ARTIFACTS = frozenset(RESULT_FILES) | {"error.txt"}
+#: What ``numpy.load`` of a ``trajectories.npz`` that is not arrays may raise (a crafted file can match its manifest).
+NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError)
 STATUSES = ("running", "done", "failed", "diverged", "interrupted")
 """running: being computed; done: finished (checks may pass or fail); failed: raised an exception;
 diverged: the loss became NaN or infinite (partial trajectory kept); interrupted: its process died
@@ -131,7 +134,9 @@ def readable_root(root: str | os.PathLike | None = None, *, option: str = "--res
     text = os.fspath(root)
     if not text.strip():
         raise StoreError(f"{what} is empty: name a folder")
-    path = Path(text).expanduser()
+    if "\0" in text:
+        raise StoreError(f"{what} {text[:60]!r} holds a NUL character: name a folder")
+    path = Path(os.path.expanduser(text))  # ~user of no such user stays as typed (as in a shell)
     probe = path
     while True:
         try:
@@ -154,6 +159,11 @@ def readable_root(root: str | os.PathLike | None = None, *, option: str = "--res
 
 def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=3)
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _disk_full(err: BaseException) -> bool:
@@ -245,13 +255,37 @@ class Store:
                 delay = min(delay * 2, 2.0)
 
     def _read_rows(self) -> list[dict]:
-        """Every index row, read-only: the index opened with ``mode=ro`` (``immutable=1`` where the root's
-        file system is read-only), or, when there is no index, the rows the folders describe."""
+        """Every index row, read-only, with no file made in the root: the index opened with ``immutable=1`` when
+        no process has it open (no ``-wal`` file), else with ``mode=ro`` (``immutable=1`` where the root's file
+        system is read-only), or, when there is no index, the rows the folders describe."""
         if not self.index_path.is_file() or self.index_path.stat().st_size == 0:
             rows = [r for r in (_metrics_row(self, p) for p in self.folders()) if r is not None]
             rows.sort(key=lambda r: (r["id"] is None, r["id"] or 0, r["ended"]))
             return rows[::-1]
         uri = self.index_path.resolve().as_uri()
+        # mode=ro makes a WAL index's -wal and -shm files when they are missing (and cannot remove them): with no
+        # -wal file no process has the index open, so it is read as immutable, and the rows are kept only if the
+        # file did not change while they were read (a writer's checkpoint); else read with mode=ro.
+        for _ in range(5) if not Path(f"{self.index_path}-wal").exists() else ():
+            try:
+                before = _stamp(self.index_path)
+                try:
+                    con = sqlite3.connect(f"{uri}?immutable=1", uri=True)
+                    try:
+                        con.row_factory = sqlite3.Row
+                        rows, error = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY id DESC")], None
+                    finally:
+                        con.close()
+                except sqlite3.DatabaseError as err:
+                    rows, error = None, err
+                if _stamp(self.index_path) != before:  # a writer changed it meanwhile: read again
+                    time.sleep(0.05)
+                    continue
+            except OSError:  # the index was moved meanwhile (a rebuild)
+                break
+            if error is not None:
+                raise self._damaged(error) from None
+            return rows
         last = None
         for mode in ("mode=ro", "immutable=1"):
             deadline = time.monotonic() + _DB_RETRY_S
@@ -426,6 +460,14 @@ class Store:
                 out.append(path)
         return out
 
+    def linked_folders(self, experiment_id: str | None = None) -> list[Path]:
+        """The entries of the root named as run folders (of one experiment) that are symbolic links: never followed
+        (:meth:`folders` leaves them out); ``iclab verify`` and ``iclab export`` report them as damaged."""
+        if not self.root.is_dir():
+            return []
+        return [path for path in sorted(self.root.iterdir())
+                if path.is_symlink() and is_run_folder(path.name, experiment_id)]
+
     def verify(self, path: Path) -> list[str]:
         """What is wrong with an ended run folder (an empty list when it is intact).
 
@@ -493,7 +535,7 @@ class Store:
                     with np.load(path / "trajectories.npz", allow_pickle=False) as z:
                         for k in z.files:
                             z[k]
-                except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+                except NPZ_ERRORS as err:
                     problems.append(f"trajectories.npz unreadable ({type(err).__name__})")
         return problems
 

@@ -56,7 +56,7 @@ class ExperimentConfig(BaseModel):
                     raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
                 if info is not None and _contains_str(value) and not _admits_str(info.annotation):
                     kind = "hold numbers, not strings" if isinstance(value, (list, tuple)) else "be a number, not a string"
-                    raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
+                    raise ValueError(f"{name} must {kind} (got {json.dumps(value, default=repr)[:80]})")
         return data
 
     seed: int = param(0, "base PRNG seed; seed s of a run uses fold_in(PRNGKey(seed), s)", ge=0, le=2**31 - 1)
@@ -70,7 +70,7 @@ def _contains_bool(value) -> bool:
 
 
 def _contains_str(value) -> bool:
-    if isinstance(value, str):
+    if isinstance(value, (str, bytes)):
         return True
     return isinstance(value, (list, tuple)) and any(_contains_str(v) for v in value)
 

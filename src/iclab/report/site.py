@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from iclab.names import is_name
-from iclab.store import Store
+from iclab.store import NPZ_ERRORS, Store
 
 CSS = """
 :root { --ok: #1a7f37; --bad: #c62828; --muted: #666; --line: #ddd; }
@@ -196,7 +196,7 @@ def _experiment_page(entry: RunEntry, info: dict, base: dict | None, out: Path) 
         try:
             with np.load(entry.path / "trajectories.npz", allow_pickle=False) as data:
                 n_cols = write_curves_csv({k: data[k] for k in data.files}, folder / "curves.csv")
-        except (OSError, ValueError, EOFError):
+        except NPZ_ERRORS:  # arrays that match their manifest but are not arrays: no curves
             n_cols = 0
     checks = [c for c in entry.metrics.get("checks", []) if isinstance(c, dict)]
     n_pass = sum(bool(c.get("passed")) for c in checks)
