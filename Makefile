@@ -19,9 +19,10 @@ demo: $(STAMP)
 	$(BIN)/iclab run linattn.fig1 --preset paper
 	$(BIN)/iclab report
 
-# Tests run on every core (pytest-xdist), one test module per worker (--dist loadscope keeps a module's
-# fixtures in one process).
+# The layer contracts of pyproject.toml first (import-linter), then the tests on every core (pytest-xdist), one
+# test module per worker (--dist loadscope keeps a module's fixtures in one process).
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
 test-slow: $(STAMP)

@@ -14,12 +14,14 @@ from iclab.provenance import code_identity, config_key, describe_change, run_key
 
 FIXTURE = Path(__file__).parent / "fixtures" / "user_experiment.py"
 
-BASE = dict(experiment_id="x.fig1", config={"D": 4, "N": 31}, version="0.1.0", code="0123456789abcdef")
+BASE = dict(experiment_id="x.fig1", config={"D": 4, "N": 31}, version="0.1.0", code="0123456789abcdef",
+            backend="native")
 
 
 def key(**change):
     args = dict(BASE, **change)
-    return run_key(args["experiment_id"], args["config"], version=args["version"], code=args["code"])
+    return run_key(args["experiment_id"], args["config"], version=args["version"], code=args["code"],
+                   backend=args["backend"])
 
 
 def test_run_key_depends_on_each_of_its_inputs_and_not_on_key_order():
@@ -27,8 +29,8 @@ def test_run_key_depends_on_each_of_its_inputs_and_not_on_key_order():
     assert len(a) == 16 and int(a, 16) >= 0
     assert a == key(config={"N": 31, "D": 4})
     others = [key(experiment_id="x.fig2"), key(config={"D": 4, "N": 32}), key(version="0.1.1"),
-              key(code="0123456789abcdee")]
-    assert len({a, *others}) == 5  # every input moves the key
+              key(code="0123456789abcdee"), key(backend="xla")]
+    assert len({a, *others}) == 6  # every input moves the key
 
 
 def test_config_key_ignores_the_code_and_the_version():

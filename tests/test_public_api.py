@@ -12,7 +12,7 @@ import iclab
 # Packages whose public (non-underscore) modules must declare __all__ (the list, and the
 # top-level helpers a notebook uses).
 REQUIRED = ("iclab", "iclab.tasks", "iclab.models", "iclab.engines", "iclab.theory", "iclab.experiments", "iclab.baselines",
-            "iclab.experiments.checks", "iclab.results")
+            "iclab.experiments.checks", "iclab.results", "iclab.ops", "iclab.errors", "iclab.settings")
 # Modules that need the optional torch extra.
 OPTIONAL = ("iclab.models.gpt2_gla",)
 

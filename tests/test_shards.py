@@ -256,9 +256,9 @@ def test_a_sigkilled_sharded_run_resumes_with_the_local_pool(toy, tmp_path):
 
 # Small configs: fig1 in panels a and d (d with GLA-vector and 3 restarts of the gated models, so shards hold
 # different numbers of runs per kind), two n̄ blocks each: 4 shards; fig2 at depths 1 and 2, two blocks: 4 shards.
-# kernel xla: the tolerances below were measured with XLA's forms (the quick preset's kernel is native).
+# The xla backend: the tolerances below were measured with XLA's forms (the CPU's default backend is native).
 FIG1_SMALL_SHARDS = {"panels": ["a", "d"], "vector_panels": ["d"], "n_bars": [0, 2, 5, 10], "steps": 200,
-                     "record_every": 50, "n_eval": 512, "restricted_steps": 100, "n_match": 64, "kernel": "xla"}
+                     "record_every": 50, "n_eval": 512, "restricted_steps": 100, "n_match": 64}
 FIG2_SMALL_SHARDS = {"n_bars": [0, 4, 8], "layers": [1, 2], "steps": 100, "record_every": 50, "n_eval": 512}
 # float64 training: a shard runs the same operations as its part of the joint run on smaller arrays, so XLA
 # may group a reduction's sums differently (the batch mean of a loss, a vmapped matmul); such differences
@@ -288,16 +288,21 @@ def assert_same_arrays(a: dict, b: dict, rtol: float) -> dict:
     return worst
 
 
+def xla_run(exp_id: str, overrides: dict, **options):
+    """The quick preset of ``exp_id`` with ``overrides`` on the xla backend (:func:`iclab.run_experiment`)."""
+    return run_experiment(exp_id, "quick", overrides, backend="xla", **options)
+
+
 @pytest.fixture(scope="module")
 def fig1_unsharded(tmp_path_factory):
     """The unsharded run of FIG1_SMALL_SHARDS in float64 (the reference of the local and resume tests)."""
-    return run_experiment("gating.fig1", "quick", dict(FIG1_SMALL_SHARDS, dtype="float64"),
+    return xla_run("gating.fig1", dict(FIG1_SMALL_SHARDS, dtype="float64"),
                           root=tmp_path_factory.mktemp("fig1-unsharded"), checkpoint_every=0)
 
 
 @pytest.mark.slow
 def test_gating_fig1_on_the_local_pool_equals_the_unsharded_run(fig1_unsharded, tmp_path):
-    sharded = run_experiment("gating.fig1", "quick", dict(FIG1_SMALL_SHARDS, dtype="float64"), root=tmp_path,
+    sharded = xla_run("gating.fig1", dict(FIG1_SMALL_SHARDS, dtype="float64"), root=tmp_path,
                              executor="local", workers=2)
     assert sharded.path.name == fig1_unsharded.path.name
     worst = assert_same_arrays(fig1_unsharded.arrays, sharded.arrays, RTOL_FLOAT64)
@@ -324,10 +329,10 @@ def test_gating_fig1_interrupted_after_two_shards_resumes_with_the_others(fig1_u
     over = dict(FIG1_SMALL_SHARDS, dtype="float64")
     stop = True
     with pytest.raises(KeyboardInterrupt):
-        run_experiment("gating.fig1", "quick", over, root=tmp_path, executor="local", workers=1)
+        xla_run("gating.fig1", over, root=tmp_path, executor="local", workers=1)
     assert calls == ["a.n0-2", "a.n5-10", "d.n0-2"]
     stop = False
-    resumed = run_experiment("gating.fig1", "quick", over, root=tmp_path, executor="local", workers=1)
+    resumed = xla_run("gating.fig1", over, root=tmp_path, executor="local", workers=1)
     assert calls[3:] == ["d.n0-2", "d.n5-10"]  # only the unfinished shards
     assert resumed.resumed[0] == "2 of 4 shards reused from the shard cache of an earlier run"
     assert_same_arrays(fig1_unsharded.arrays, resumed.arrays, RTOL_FLOAT64)
@@ -336,8 +341,8 @@ def test_gating_fig1_interrupted_after_two_shards_resumes_with_the_others(fig1_u
 @pytest.mark.slow
 def test_gating_fig2_sharded_equals_the_unsharded_run(tmp_path):
     over = dict(FIG2_SMALL_SHARDS, dtype="float64")
-    plain = run_experiment("gating.fig2", "quick", over, root=tmp_path / "plain", checkpoint_every=0)
-    sharded = run_experiment("gating.fig2", "quick", over, root=tmp_path / "sharded", executor="local", workers=1)
+    plain = xla_run("gating.fig2", over, root=tmp_path / "plain", checkpoint_every=0)
+    sharded = xla_run("gating.fig2", over, root=tmp_path / "sharded", executor="local", workers=1)
     worst = assert_same_arrays(plain.arrays, sharded.arrays, RTOL_FLOAT64)
     print("gating.fig2 float64: worst relative differences", sorted(worst.items(), key=lambda kv: -kv[1])[:5])
     assert json.loads((sharded.path / "metrics.json").read_text())["sharded"]["shards"] == 4
@@ -349,11 +354,11 @@ def test_gating_fig1_through_a_local_ray_head_equals_the_unsharded_run(ray_clust
     sets = [a for k, v in FIG1_SMALL_SHARDS.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     env = dict(ray_cluster["env"], ICLAB_RESULTS=str(tmp_path / "ray"))
     r = subprocess.run([sys.executable, "-m", "iclab.cli", "run", "gating.fig1", *sets, "--executor", "ray",
-                        "--address", "auto", "--workers", "2", "--json"], env=env, capture_output=True, text=True,
+                        "--backend", "xla", "--address", "auto", "--workers", "2", "--json"], env=env, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode in (0, 1), r.stderr
     res = json.loads(r.stdout)
-    plain = run_experiment("gating.fig1", "quick", FIG1_SMALL_SHARDS, root=tmp_path / "plain", checkpoint_every=0)
+    plain = xla_run("gating.fig1", FIG1_SMALL_SHARDS, root=tmp_path / "plain", checkpoint_every=0)
     assert plain.path.name == os.path.basename(res["path"])
     with np.load(os.path.join(res["path"], "trajectories.npz")) as z:
         sharded = {k: z[k] for k in z.files}

@@ -147,7 +147,7 @@ def test_local_sweep_workers_share_the_cores_out(tmp_path):
 
 
 def test_run_split_covers_every_job_once_on_a_kept_pool():
-    from iclab.threads import _kernel_pool, run_split
+    from iclab.ops._runtime.threads import _kernel_pool, run_split
 
     for jobs, threads in ((1, 3), (7, 1), (7, 2), (7, 3), (2, 5)):
         seen = np.zeros(jobs, int)
@@ -164,7 +164,7 @@ def test_run_split_raises_after_every_run_has_finished():
     import threading
     import time
 
-    from iclab.threads import run_split
+    from iclab.ops._runtime.threads import run_split
 
     done = []
 
@@ -190,7 +190,7 @@ def test_run_split_raises_after_every_run_has_finished():
 def test_run_split_from_several_threads_at_once():
     import concurrent.futures
 
-    from iclab.threads import run_split
+    from iclab.ops._runtime.threads import run_split
 
     def square(x, out, first, stop):
         out[first:stop] = x[first:stop] ** 2
@@ -251,8 +251,8 @@ def test_run_split_flushes_denormals_on_every_thread_and_restores_the_callers_mo
     caller's mode (here a thread's default: subnormals kept), and the caller's mode is back afterwards."""
     import ctypes
 
-    from iclab._llvm import compile_function
-    from iclab.threads import run_split
+    from iclab.ops._runtime.llvm import compile_function
+    from iclab.ops._runtime.threads import run_split
 
     P, I = ctypes.c_void_p, ctypes.c_int64
     get = compile_function(_MXCSR_TEST_IR, "get", ctypes.c_uint32, ())

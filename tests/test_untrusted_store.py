@@ -162,7 +162,7 @@ def reading(case, what: str, *, root_changes: bool = False):
 
 def _probe(path: str, out: Path) -> bool:
     """The file a command makes and removes at once to see that the output's nearest existing folder is
-    writable (``iclab.launch.writable_folder``)."""
+    writable (``iclab.runner.writable_folder``)."""
     return os.path.basename(path).startswith(".iclab-probe-") and _within(str(out), os.path.dirname(path))
 
 

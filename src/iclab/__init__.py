@@ -34,7 +34,7 @@ jax.config.update("jax_enable_x64", True)
 __version__ = "0.1.0"
 
 # Loaded on first use: a reused run or `iclab list` should not pay for the launcher's imports.
-_LAZY = {"run_experiment": "iclab.launch", "RunResult": "iclab.launch", "run_sweep": "iclab.sweep",
+_LAZY = {"run_experiment": "iclab.launch", "RunResult": "iclab.runner", "run_sweep": "iclab.sweep",
          "load": "iclab.results", "runs": "iclab.results"}
 __all__ = ["ConfigError", "ExperimentError", "RunFailed", "RunResult", "StoreError", "UserError", "__version__", "load",
            "run_experiment", "run_sweep", "runs"]

@@ -28,7 +28,6 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -184,17 +183,14 @@ def _to_numpy(x) -> np.ndarray:
 
 def _restore(template, saved: np.ndarray):
     import jax
-    import jax.numpy as jnp
 
     if isinstance(template, jax.Array):
         if jax.dtypes.issubdtype(template.dtype, jax.dtypes.prng_key):
             return jax.random.wrap_key_data(saved, impl=jax.random.key_impl(template))
-        try:  # keep the weak type of the fresh state's leaf (it decides type promotion)
-            from jax._src.lax.lax import _convert_element_type
+        from iclab.ops import convert_keeping_weak_type
 
-            return _convert_element_type(saved, np.dtype(template.dtype), weak_type=bool(template.weak_type))
-        except Exception:  # pragma: no cover - private API moved
-            return jnp.asarray(saved, dtype=template.dtype)
+        # keep the weak type of the fresh state's leaf (it decides type promotion)
+        return convert_keeping_weak_type(saved, np.dtype(template.dtype), weak_type=bool(template.weak_type))
     if isinstance(template, np.ndarray):
         return saved
     return type(template)(saved.item()) if np.ndim(saved) == 0 else saved

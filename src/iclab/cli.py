@@ -1,5 +1,5 @@
-"""The ``iclab`` command: a thin layer over :mod:`iclab.launch`, :mod:`iclab.sweep` and the
-experiment registry.
+"""The ``iclab`` command: a thin layer over :mod:`iclab.launch`, :mod:`iclab.sweep`, :mod:`iclab.runner`
+(experiments, results roots) and the experiment registry.
 
 Exit codes: 0 success; 1 a check failed (or a point diverged or failed, or a stored result is damaged
 and ``--no-repair`` was given); 2 bad input (one line naming the field and what is allowed: every
@@ -24,15 +24,8 @@ from rich.table import Table
 from iclab import settings
 from iclab.bench import BENCHMARKS
 from iclab.errors import ConfigError, RunDamaged, RunFailed, UserError
-from iclab.launch import (
-    experiment_or_error,
-    parse_assignments,
-    path_overrides,
-    results_root,
-    run_experiment,
-    writable_file,
-    writable_folder,
-)
+from iclab.launch import parse_assignments, path_overrides, run_experiment
+from iclab.runner import experiment_or_error, results_root, writable_file, writable_folder
 from iclab.store import readable_root as _readable_root
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -118,6 +111,10 @@ def run_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="shards computed at once (local default: one per "
                                           "core, 1 runs in this process; ray default: the cluster's CPUs)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: auto (default) or host:port"),
+    backend: str = typer.Option("auto", "--backend", help="auto (the compiled CPU kernels on a CPU, XLA on an "
+                                "accelerator), native or xla: how the models and samplers compute (a run option: it "
+                                "enters the run key, the numbers differ by float rounding or, for compiled samplers, by "
+                                "their generator)"),
 ) -> None:
     """Run an experiment (or reuse its stored result), print its checks, exit 1 if one fails.
 
@@ -134,7 +131,7 @@ def run_cmd(
         overrides[key] = value
     result = run_experiment(experiment, preset, overrides, seeds=seeds, root=out_dir, force=force,
                             reporter=default_reporter(), checkpoint_every=checkpoint_every, repair=not no_repair,
-                            executor=executor, workers=workers, address=address,
+                            executor=executor, workers=workers, address=address, backend=backend,
                             on_wait=lambda: print("another process is computing this run: waiting for it",
                                                   file=sys.stderr))
     if result.recomputed:
@@ -182,6 +179,10 @@ def sweep_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     threads: Optional[int] = typer.Option(None, "--threads", help="threads of each worker (default: the cores shared "
                                           "out among the local workers; one per Ray task)"),
+    backend: str = typer.Option("auto", "--backend", help="auto (the compiled CPU kernels on a CPU, XLA on an "
+                                "accelerator), native or xla: how the models and samplers compute (a run option: it "
+                                "enters the run key, the numbers differ by float rounding or, for compiled samplers, by "
+                                "their generator)"),
 ) -> None:
     """Run an experiment over a grid of config values, locally or on a Ray cluster.
 
@@ -195,7 +196,7 @@ def sweep_cmd(
     overrides = parse_assignments(assignments)
     grid = parse_grid(grids)
     if dry_run:
-        exp, points = plan_sweep(experiment, grid, preset, overrides, seeds)
+        exp, points = plan_sweep(experiment, grid, preset, overrides, seeds, backend=backend)
         store = Store(results_root(out_dir))
         rows = [{"values": p.values, "config_hash": p.digest,
                  "stored": store.finished(exp.id, p.digest) is not None} for p in points]
@@ -212,7 +213,8 @@ def sweep_cmd(
     _threads(None)  # a bad ICLAB_THREADS is one line here too
     result = run_sweep(experiment, grid, preset, overrides, seeds=seeds, root=out_dir, executor=executor,
                        address=address, workers=workers, retries=retries, force=force,
-                       checkpoint_every=checkpoint_every, progress=default_sweep_progress(), threads=threads)
+                       checkpoint_every=checkpoint_every, progress=default_sweep_progress(), threads=threads,
+                       backend=backend)
     if as_json:
         print(_json(result.as_dict(), indent=2))
     else:
@@ -258,13 +260,14 @@ def runs_cmd(
             r["config"] = json.loads(r["config"]) if r.get("config") else None
         print(_json(rows, indent=2))
         return
-    table = Table("id", "experiment", "key", "code", "preset", "status", "checks", "wall", "started", "error")
+    table = Table("id", "experiment", "key", "code", "backend", "preset", "status", "checks", "wall", "started", "error")
     for r in rows:
         colour = {"done": "green", "running": "yellow"}.get(r["status"], "red")
         checks = f"{r['checks_passed']}/{r['checks_total']}" if r["checks_total"] is not None else "–"
         wall = f"{r['wall_s']:.1f} s" if r["wall_s"] is not None else "–"
         started = time.strftime("%m-%d %H:%M", time.localtime(r["started"]))
-        table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], (r.get("code") or "–")[:8], r["preset"] or "",
+        table.add_row(str(r["id"]), r["experiment"], r["config_hash"][:8], (r.get("code") or "–")[:8],
+                      r.get("backend") or "–", r["preset"] or "",
                       f"[{colour}]{r['status']}[/{colour}]", checks, wall, started, (r["error"] or "")[:60])
     out.print(table)
     out.print(f"{len(rows)} runs in {store.root}")
@@ -407,10 +410,10 @@ def index_rebuild_cmd(
 def _threads(threads: Optional[int]) -> None:
     """Applies ``--threads`` (before anything computes); ``ICLAB_THREADS`` and ``ICLAB_MALLOC`` were checked by
     :func:`main` (:func:`iclab.settings.check_environment`)."""
-    from iclab._malloc import retain_freed_memory
+    from iclab.ops import retain_freed_memory
     from iclab.threads import set_threads
 
-    retain_freed_memory()
+    retain_freed_memory(settings.malloc_mode())
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads must be ≥ 1 (got {threads})")

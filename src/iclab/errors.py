@@ -68,5 +68,9 @@ class RunFailed(Exception):
 
 
 def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) made one space."""
+    """``text`` with every run of whitespace (newlines included) made one space.
+
+    Args:
+        text: anything; its ``str`` is taken.
+    """
     return " ".join(str(text).split())

@@ -19,7 +19,7 @@ from pathlib import Path
 from iclab.store import Store
 
 FORMATS = ("csv", "parquet")
-FIXED = ["experiment", "preset", "config_hash", "code", "status", "passed", "checks_passed", "checks_total",
+FIXED = ["experiment", "preset", "config_hash", "code", "backend", "status", "passed", "checks_passed", "checks_total",
          "diverged_step", "last_finite_loss", "error"]
 
 
@@ -47,7 +47,7 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
         code = metrics.get("code") if isinstance(metrics.get("code"), dict) else {}
         status = metrics.get("status", "done")
         row = {"experiment": exp_id, "preset": cfg.get("preset"), "config_hash": path.name.rsplit("-", 1)[1],
-               "code": code.get("digest"), "status": status, "passed": bool(metrics.get("passed")),
+               "code": code.get("digest"), "backend": metrics.get("backend"), "status": status, "passed": bool(metrics.get("passed")),
                "checks_passed": sum(bool(c["passed"]) for c in checks), "checks_total": len(checks),
                "diverged_step": div.get("step"), "last_finite_loss": div.get("last_finite_loss"),
                "error": div.get("message") if status == "diverged" else metrics.get("error")}
@@ -67,6 +67,7 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
             except ValueError:
                 continue
             rows.append({"experiment": exp_id, "preset": r["preset"], "config_hash": digest, "code": r.get("code"),
+                         "backend": r.get("backend"),
                          "status": "failed", "passed": False, "checks_passed": None, "checks_total": None,
                          "diverged_step": None, "last_finite_loss": None, "error": r["error"]})
             configs.append(config if isinstance(config, dict) else {})

@@ -237,16 +237,19 @@ def code_identity(exp, user_file: str | Path | None = None) -> dict:
     return identity
 
 
-def run_key(experiment_id: str, config: dict, *, version: str, code: str) -> str:
-    """The key of a stored run: 16 hex digits of SHA-256 over the experiment id, resolved config, iclab version
-    and code identity digest. Its run folder is ``<experiment>-<key>``.
+def run_key(experiment_id: str, config: dict, *, version: str, code: str, backend: str) -> str:
+    """The key of a stored run: 16 hex digits of SHA-256 over the experiment id, resolved config, iclab version,
+    code identity digest and backend. Its run folder is ``<experiment>-<key>``.
+
+    The backend enters the key because its numbers differ: the compiled kernels and XLA agree to float rounding,
+    and where a compiled sampler draws the prompts, it draws them from another generator.
 
     Args:
         experiment_id: the experiment; config: the resolved config (JSON types).
-        version: iclab's version; code: :func:`code_identity`'s digest.
+        version: iclab's version; code: :func:`code_identity`'s digest; backend: ``native`` or ``xla``.
     """
-    payload = json.dumps({"experiment": experiment_id, "config": config, "version": version, "code": code},
-                         sort_keys=True)
+    payload = json.dumps({"experiment": experiment_id, "config": config, "version": version, "code": code,
+                          "backend": backend}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -292,9 +295,21 @@ def describe_change(old: dict | None, new: dict) -> str:
 def environment_versions() -> dict[str, str]:
     """The installed versions of the packages that compute (recorded with every run, not part of its key)."""
     out = {"python": sys.version.split()[0]}
-    for dist in ("jax", "jaxlib", "numpy", "scipy", "numba", "llvmlite", "optax", "torch"):
+    try:
+        requirements = metadata.requires("iclab") or []
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        requirements = []
+    for req in requirements:
+        if "extra ==" in req:  # optional dependencies: only those installed are recorded, below
+            continue
+        name = re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0].strip()
         try:
-            out[dist] = metadata.version(dist)
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    for optional in ("torch", "transformers"):  # the llm extra, when installed
+        try:
+            out[optional] = metadata.version(optional)
         except metadata.PackageNotFoundError:
             pass
     return out

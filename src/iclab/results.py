@@ -17,7 +17,7 @@ from pathlib import Path
 
 from iclab import settings
 from iclab.errors import ConfigError, StoreError
-from iclab.launch import RunResult, shorten, stored_result
+from iclab.runner import RunResult, shorten, stored_result
 from iclab.names import is_name
 from iclab.store import STATUSES, Store, readable_root
 
@@ -71,7 +71,7 @@ def load(path_or_id, *, root: str | os.PathLike | None = None) -> RunResult:
         root: the results root searched for names, keys and ids (default ``$ICLAB_RESULTS`` or
             ``./iclab-results``).
     Returns:
-        The :class:`iclab.launch.RunResult`: ``.arrays``, ``.config``, ``.checks``, ``.figure()``.
+        The :class:`iclab.runner.RunResult`: ``.arrays``, ``.config``, ``.checks``, ``.figure()``.
     Raises:
         StoreError: nothing (or more than one run) matches, or the run is damaged (one line).
     """
@@ -98,7 +98,7 @@ def runs(experiment: str | None = None, status: str | None = None, *, root: str 
         root: the results root (default ``$ICLAB_RESULTS`` or ``./iclab-results``).
     Returns:
         A DataFrame with one row per run: id, experiment, config_hash (the run key), config_key, code (the code
-        identity's digest), preset, status, started and ended (timestamps), wall_s, checks_passed, checks_total,
+        identity's digest), backend (native or xla), preset, status, started and ended (timestamps), wall_s, checks_passed, checks_total,
         error, diverged_step, last_finite_loss, path (the run folder, where it exists), config (dict), and one
         ``config.<field>`` column per config field. An index row whose names would leave the root is skipped with
         a warning.
@@ -127,7 +127,7 @@ def runs(experiment: str | None = None, status: str | None = None, *, root: str 
         rec["config"] = config
         rec.update({f"config.{k}": (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in config.items()})
         records.append(rec)
-    columns = ["id", "experiment", "config_hash", "config_key", "code", "preset", "status", "started", "ended",
+    columns = ["id", "experiment", "config_hash", "config_key", "code", "backend", "preset", "status", "started", "ended",
                "wall_s", "checks_passed", "checks_total", "error", "diverged_step", "last_finite_loss", "path",
                "config"]
     df = pd.DataFrame.from_records(records)

@@ -6,13 +6,14 @@ An experiment may declare shards (:class:`iclab.experiments.Experiment` ``shards
 
 1. lists the shards of the resolved config and reuses every one cached by an earlier, interrupted run of
    the same config;
-2. computes the others as separate tasks on the sweep executors (:func:`iclab.sweep.make_executor`: a
+2. computes the others as separate tasks on the executors (:func:`iclab.executors.make_executor`: a
    process pool, or one Ray task per shard), each checkpointing its engine loops on the node computing it;
 3. caches each finished shard in the run's in-progress folder as it arrives (written to a temporary name
    and renamed, with its size and SHA-256 in a sidecar; a cached shard that fails the check is recomputed);
-4. assembles the figure's arrays (``assemble``) and stores them as an ordinary run: checks, figure,
-   index row, ``metrics.json`` with ``sharded`` (the executor, the number of shards, how many were
-   computed now and how many reused).
+4. assembles the figure's arrays (``assemble``) and stores them as an ordinary run (:func:`compute_sharded`
+   is the compute step of :func:`iclab.runner.run_point`): checks, figure, index row, ``metrics.json``
+   with ``sharded`` (the executor, the number of shards, how many were computed now and how many
+   reused).
 
 The shard cache of a run is ``<root>/.running/<experiment>-<hash>/shards/<shard>.npz`` (+ ``.json``),
 removed with the rest of the in-progress folder once the run is stored; ``--force`` starts it afresh.
@@ -39,13 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from iclab.errors import ConfigError
-from iclab.launch import checked_arrays, experiment_ref, worker_config
+from iclab.executors import EXECUTORS, WorkerCrash, make_executor
+from iclab.ops import use_backend
 from iclab.progress import Reporter, RunReporter, task
+from iclab.runner import checked_arrays, compute, experiment_ref, flat_arrays, worker_config
 from iclab.store import Store
 
-__all__ = ["EXECUTORS", "ShardCache", "ShardFailed", "check_options", "compute_shard", "run_shards", "shard_names"]
-
-EXECUTORS = ("local", "ray")
+__all__ = ["EXECUTORS", "ShardCache", "ShardFailed", "check_options", "compute_shard", "compute_sharded", "run_shards",
+           "shard_names"]
 #: What a shard name may be: it names a file in the shard cache.
 SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]{0,127}")
 
@@ -161,7 +163,7 @@ def _sha256(path: Path) -> str:
 
 def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_dir: str | None = None,
                   checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
-                  driver_host: str | None = None, threads: int | None = None,
+                  driver_host: str | None = None, backend: str = "auto", threads: int | None = None,
                   reporter: Reporter | None = None) -> dict:
     """One shard on a worker (local pool, Ray task, or this process): rebuilds the config from its resolved
     JSON, checks its hash, runs ``exp.run_shard`` with its engine loops checkpointed in ``running_dir``.
@@ -173,6 +175,7 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
             the driver once the shard is done.
         checkpoint_every, checkpoint_seconds: the checkpoint interval.
         driver_host: the driver's host name.
+        backend: the backend to compute with (the driver's, resolved).
         threads: the threads this worker computes with (None: as set).
         reporter: progress reporter (only in the driver's process; None: silent).
     Returns:
@@ -182,7 +185,7 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
     from iclab.checkpoint import RunCheckpoints
     from iclab.engines import Diverged
 
-    exp, config = worker_config(exp_id, resolved, digest, threads)
+    exp, config = worker_config(exp_id, resolved, digest, threads, backend)
     checkpoints = None
     if running_dir is not None:
         try:
@@ -194,15 +197,14 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
     out = {"host": socket.gethostname()}
     try:
         try:
-            arrays = exp.run_shard(config, name, RunReporter(reporter or Reporter(), checkpoints))
+            with use_backend(backend):
+                arrays = exp.run_shard(config, name, RunReporter(reporter or Reporter(), checkpoints))
         except Exception:
             if running_dir is not None:  # checkpoints of a failing shard may come from a bug: start afresh
                 shutil.rmtree(running_dir, ignore_errors=True)
             raise
     except Diverged as div:  # not picklable as it is: its fields travel as a dict
-        from iclab.launch import _flat_arrays
-
-        out.update(status="diverged", arrays=_flat_arrays(div.records), diverged={
+        out.update(status="diverged", arrays=flat_arrays(div.records), diverged={
             "label": div.label, "step": div.step, "t": div.t, "last_finite_step": div.last_finite_step,
             "last_finite_t": div.last_finite_t, "last_finite_loss": div.last_finite_loss})
     else:
@@ -217,18 +219,19 @@ def compute_shard(exp_id: str, resolved: dict, digest: str, name: str, running_d
 def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local", address: str | None = None,
                workers: int | None = None, retries: int = 2, threads: int | None = None,
                checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
-               reporter: Reporter | None = None, info: dict | None = None) -> dict:
+               reporter: Reporter | None = None, info: dict | None = None, backend: str = "auto") -> dict:
     """Computes (or reuses from the cache) every shard of a run and assembles the figure's arrays.
 
-    Called by :func:`iclab.launch.run_experiment` holding the run's lock (see the module docstring).
+    Called by :func:`compute_sharded`, holding the run's lock (see the module docstring).
 
     Args:
         exp, config, digest: the experiment, its resolved config and run key.
         store: the result store (the cache is in the run's in-progress folder).
-        executor, address, workers, retries, threads: as in :func:`iclab.sweep.run_sweep`.
+        executor, address, workers, retries, threads: as in :func:`iclab.executors.make_executor`.
         checkpoint_every, checkpoint_seconds: the shards' checkpoint interval.
         reporter: progress reporter (None: silent); one task counts the shards.
         info: filled with {"executor", "shards", "computed", "reused", "resumed"} (None: not recorded).
+        backend: the run's backend, resolved (every shard computes with it).
     Returns:
         The assembled arrays (``exp.assemble``).
     Raises:
@@ -236,7 +239,6 @@ def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local
         ShardFailed: a shard raised (the other shards finished so far stay cached).
     """
     from iclab.engines import Diverged
-    from iclab.sweep import _Crash, make_executor
 
     names = shard_names(exp, config)
     resolved = config.model_dump(mode="json")
@@ -267,11 +269,11 @@ def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local
                         name = todo.pop(0)
                         attempts[name] += 1
                         args = (experiment_ref(exp), resolved, digest, name, str(running / "checkpoints" / name),
-                                checkpoint_every, checkpoint_seconds, host)
+                                checkpoint_every, checkpoint_seconds, host, backend)
                         inflight[ex.submit(args)] = name
                     for handle, out, err in ex.wait(list(inflight), timeout=0.5):
                         name = inflight.pop(handle)
-                        if isinstance(err, _Crash) and executor == "local" and attempts[name] <= retries:
+                        if isinstance(err, WorkerCrash) and executor == "local" and attempts[name] <= retries:
                             todo.insert(0, name)  # resumes from its checkpoints
                             continue
                         if err is not None:
@@ -293,3 +295,26 @@ def run_shards(exp, config, digest: str, store: Store, *, executor: str = "local
                 ex.close(cancel=cancel)
     return checked_arrays(exp.id, exp.assemble(config, {name: parts[name] for name in names}, reporter),
                           "assemble(config, shards, reporter)")
+
+
+def compute_sharded(exp, config, digest: str, store: Store, *, reporter: Reporter | None = None, **options) -> dict:
+    """:func:`iclab.runner.compute` with the arrays from the run's shards (:func:`run_shards`); the payload
+    records how the run was sharded (``sharded``) and which shards were reused or resumed (``resumed``).
+
+    Args:
+        exp, config, digest, store: as in :func:`run_shards`.
+        reporter: progress reporter (None: silent).
+        options: the other arguments of :func:`run_shards` (executor, address, workers, retries, threads,
+            checkpoint_every, checkpoint_seconds).
+    Returns:
+        The payload of :func:`iclab.runner.compute`, with ``sharded``.
+    """
+    info: dict = {}
+    payload = compute(exp, config, reporter=reporter,
+                      run=lambda cfg, rep: run_shards(exp, cfg, digest, store, reporter=rep, info=info, **options))
+    notes = list(info.pop("resumed", []))
+    if info.get("reused"):
+        notes.insert(0, f"{info['reused']} of {info['shards']} shards reused from the shard cache of an earlier run")
+    payload["resumed"] = notes + payload["resumed"]
+    payload["sharded"] = info
+    return payload

@@ -97,11 +97,12 @@ _COLUMNS = """
     diverged_step INTEGER,
     last_finite_loss REAL,
     config_key TEXT,
-    code TEXT
+    code TEXT,
+    backend TEXT
 """
 #: Columns added since the first schema: (name, SQL type), added by :func:`_migrate` to an older index.
 _ADDED_COLUMNS = (("config", "TEXT"), ("diverged_step", "INTEGER"), ("last_finite_loss", "REAL"),
-                  ("config_key", "TEXT"), ("code", "TEXT"))
+                  ("config_key", "TEXT"), ("code", "TEXT"), ("backend", "TEXT"))
 _OLD_COLUMNS = ("id", "run_dir", "experiment", "config_hash", "preset", "status", "started", "ended", "wall_s",
                 "checks_passed", "checks_total", "error")
 _SCHEMA = f"CREATE TABLE IF NOT EXISTS runs ({_COLUMNS});\nCREATE INDEX IF NOT EXISTS runs_by_hash ON runs (config_hash);\n"
@@ -576,20 +577,21 @@ class Store:
         return RunLock(self.root / ".locks" / f"{run_folder(experiment_id, digest)}.lock")
 
     def begin(self, experiment_id: str, digest: str, preset: str | None, config: dict | None = None, *,
-              started: float | None = None, config_key: str | None = None, code: str | None = None) -> int:
+              started: float | None = None, config_key: str | None = None, code: str | None = None,
+              backend: str | None = None) -> int:
         """Records a run as running (at ``started``, default now); returns its index row id.
 
         Args:
             experiment_id, digest: the run; preset: its preset; config: its resolved config.
             started: its start time; config_key: :func:`iclab.provenance.config_key`; code: its code identity
-                digest (:func:`iclab.provenance.code_identity`).
+                digest (:func:`iclab.provenance.code_identity`); backend: what it computes with (native or xla).
         """
         values = (run_folder(experiment_id, digest), experiment_id, digest, preset,
                   time.time() if started is None else started,
-                  None if config is None else json.dumps(config, sort_keys=True), config_key, code)
+                  None if config is None else json.dumps(config, sort_keys=True), config_key, code, backend)
         return self._transact(lambda con: int(con.execute(
-            "INSERT INTO runs (run_dir, experiment, config_hash, preset, status, started, config, config_key, code) "
-            "VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)", values).lastrowid))
+            "INSERT INTO runs (run_dir, experiment, config_hash, preset, status, started, config, config_key, code, "
+            "backend) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)", values).lastrowid))
 
     def end(self, row: int, status: str, wall_s: float, passed: int | None = None, total: int | None = None,
             error: str | None = None, diverged_step: int | None = None, last_finite_loss: float | None = None,
@@ -794,7 +796,7 @@ def _row_problem(row: dict) -> str | None:
         value = row.get(column)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             return f"its {column} {str(value)[:20]!r} is not an integer"
-    for column in ("preset", "error", "config", "config_key", "code"):
+    for column in ("preset", "error", "config", "config_key", "code", "backend"):
         if row.get(column) is not None and not isinstance(row.get(column), str):
             return f"its {column} is not text"
     if row.get("preset") is not None and not is_name(row["preset"]):
@@ -863,7 +865,8 @@ def _folder_row(path: Path) -> dict:
             "diverged_step": div.get("step") if isinstance(div.get("step"), int) else None,
             "last_finite_loss": _number(div.get("last_finite_loss")),
             "config_key": _text(metrics.get("config_key")),
-            "code": _text(metrics["code"].get("digest")) if isinstance(metrics.get("code"), dict) else None}
+            "code": _text(metrics["code"].get("digest")) if isinstance(metrics.get("code"), dict) else None,
+            "backend": _text(metrics.get("backend"))}
 
 
 def _text(value) -> str | None:
@@ -877,7 +880,7 @@ def _number(value) -> float | None:
 
 _ROW_COLUMNS = ("id", "run_dir", "experiment", "config_hash", "preset", "status", "started", "ended", "wall_s",
                 "checks_passed", "checks_total", "error", "config", "diverged_step", "last_finite_loss", "config_key",
-                "code")
+                "code", "backend")
 
 
 def _insert_row(con: sqlite3.Connection, row: dict) -> int:

@@ -2,8 +2,8 @@
 
 Every numerical runtime iclab uses starts a pool of one thread per core by default: XLA's CPU client
 (its intra-op and client pools, sized by ``PJRT_NPROC``), OpenMP and BLAS (``OMP_NUM_THREADS``,
-``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ...), PyTorch (``torch.set_num_threads``) and numba's
-seeds (:mod:`iclab.engines.moments_native`). When fewer cores are free than threads, their workers
+``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ...), PyTorch (``torch.set_num_threads``) and the compiled
+kernels of :mod:`iclab.ops`. When fewer cores are free than threads, their workers
 spin and fight: measured on a 2-core machine beside one CPU-bound process, a quick preset's CPU time
 grew more than tenfold. Sweep workers and Ray tasks multiply this, each with a full pool.
 
@@ -23,33 +23,22 @@ threads (at least one), a Ray task the CPUs it asked for (one).
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import os
 import sys
 import warnings
 
 from iclab import settings
-from iclab._llvm import denormals_flushed, restore_denormals  # standard library only at import
 from iclab.errors import ConfigError
+from iclab.ops._runtime.threads import available_cores, thread_count  # standard library only at import
 
-__all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "run_split", "set_threads",
-           "thread_count"]
+__all__ = ["BLAS_VARIABLES", "POOL_VARIABLES", "available_cores", "requested_threads", "set_threads", "thread_count"]
 
-#: Environment variables that size the thread pools of XLA (PJRT_NPROC), OpenMP, BLAS and numba.
+#: Environment variables that size the thread pools of XLA (PJRT_NPROC), OpenMP, BLAS and the compiled kernels.
 POOL_VARIABLES = ("PJRT_NPROC", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                   "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 #: The BLAS libraries' own variables: one thread each by default (module docstring).
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity; all cores where that is unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def requested_threads() -> int | None:
@@ -59,15 +48,6 @@ def requested_threads() -> int | None:
         iclab.errors.ConfigError: ``ICLAB_THREADS`` is not an integer ≥ 1 (one line; :mod:`iclab.settings`).
     """
     return settings.threads()
-
-
-def thread_count() -> int:
-    """The threads this process computes with: ``ICLAB_THREADS`` if set, else the available cores."""
-    try:
-        n = requested_threads()
-    except ConfigError:
-        n = None
-    return n if n is not None else available_cores()
 
 
 def set_threads(n: int) -> None:
@@ -105,14 +85,9 @@ def _limit_loaded_pools(n: int, user_api: str | None = None) -> None:
 
 
 def _jax_backend_started() -> bool:
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
+    from iclab.ops import jax_backend_started
 
-        return bool(getattr(xla_bridge, "_backends", None))
-    except Exception:  # pragma: no cover - private API moved
-        return False
+    return jax_backend_started()
 
 
 def _apply_environment() -> None:
@@ -135,45 +110,3 @@ def _apply_environment() -> None:
     # variables already and keeps its pool: ``set_threads`` resizes it.
     for name in BLAS_VARIABLES:
         os.environ.setdefault(name, "1")
-
-
-@functools.cache
-def _kernel_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One pool per size, kept for the process: a training step makes hundreds of kernel calls, and starting
-    threads for each cost ≈ 0.1 ms a call."""
-    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="iclab-kernel")
-
-
-def _flushed(kernel, *args) -> None:
-    """``kernel(*args)`` with the calling thread's denormals flushed to zero, its mode restored after."""
-    old = denormals_flushed()
-    try:
-        kernel(*args)
-    finally:
-        restore_denormals(old)
-
-
-def run_split(kernel, jobs: int, *args, threads: int) -> None:
-    """``kernel(*args, first, stop)`` over the jobs [0, jobs), split into contiguous runs, one per thread.
-
-    For the compiled CPU kernels (numba ``nogil``, or ctypes) whose job ranges write disjoint outputs: each run
-    is one thread's, so a result summed within a job does not depend on the thread count. ``threads`` is the
-    caller's (its module's ``thread_count()``), capped at ``jobs``; the last run on the calling thread, the
-    others on a pool kept for the process (several callers may share it: a pool thread never waits on another).
-    Every run computes with denormals flushed to zero, as XLA's CPU code does (``iclab._llvm.denormals_flushed``):
-    the same bits on any thread, whoever started it and in whatever mode.
-    """
-    threads = max(1, min(threads, jobs))
-    if threads == 1:
-        _flushed(kernel, *args, 0, jobs)
-        return
-    bounds = [jobs * i // threads for i in range(threads + 1)]
-    pool = _kernel_pool(threads - 1)
-    futures = [pool.submit(_flushed, kernel, *args, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
-    try:
-        _flushed(kernel, *args, bounds[threads - 1], bounds[threads])
-    finally:  # the pool's runs finish (or fail) before this returns or raises: they write the caller's arrays
-        for f in futures:
-            f.exception()
-    for f in futures:
-        f.result()

@@ -52,10 +52,9 @@ def test_filters_on_native_sequences_match_xla_within_standard_errors(normals):
     (independent draws)."""
     import jax
 
-    config = baselines.BaselinesConfig(**{**TINY, "trials": 1500, "chunk": 750, "length": 120, "window": 40,
-                                          "normals": normals})
+    config = baselines.BaselinesConfig(**{**TINY, "trials": 1500, "chunk": 750, "length": 120, "window": 40})
     key = jax.random.PRNGKey(7)
-    out = {s: baselines._filter_errors(config.model_copy(update={"sampler": s}), key) for s in ("xla", "native")}
+    out = {s: baselines._filter_errors(config, key, kernel="xla", sampler=s, normals=normals) for s in ("xla", "native")}
     for name in ("lms", "rls"):
         a, b = out["xla"], out["native"]
         assert a[name].shape == (2,)
@@ -65,15 +64,15 @@ def test_filters_on_native_sequences_match_xla_within_standard_errors(normals):
 
 @pytest.mark.parametrize("sampler", ["xla", "native"])
 def test_native_filters_equal_xla_filters_on_the_same_sequences(sampler):
-    """kernel = native runs LMS/RLS by the compiled kernel, xla by theory.drift's scans: the same errors and standard
+    """The native kernel runs LMS/RLS by the compiled kernel, xla by theory.drift's scans: the same errors and standard
     errors to float rounding, on the same sequences; each γ's errors are those of that γ drawn alone (common random
     numbers across γ)."""
     import jax
 
-    config = baselines.BaselinesConfig(**{**TINY, "trials": 45, "chunk": 20, "sampler": sampler})
+    config = baselines.BaselinesConfig(**{**TINY, "trials": 45, "chunk": 20})
     key = jax.random.PRNGKey(3)
-    out = {k: baselines._filter_errors(config.model_copy(update={"kernel": k}), key) for k in ("xla", "native")}
+    out = {k: baselines._filter_errors(config, key, kernel=k, sampler=sampler) for k in ("xla", "native")}
     for name in ("lms", "lms_se", "rls", "rls_se"):
         np.testing.assert_allclose(out["native"][name], out["xla"][name], rtol=1e-9, err_msg=name)
-    alone = baselines._filter_errors(config.model_copy(update={"gammas": [0.95]}), key)
+    alone = baselines._filter_errors(config.model_copy(update={"gammas": [0.95]}), key, kernel="xla", sampler=sampler)
     np.testing.assert_allclose(alone["rls"], out["xla"]["rls"][1:], rtol=1e-12)

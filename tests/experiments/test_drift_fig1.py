@@ -16,9 +16,9 @@ import iclab  # noqa: F401  (float64)
 from iclab.engines import seed_keys
 from iclab.experiments import get_experiment
 from iclab.experiments.drift import _common, fig1
-from iclab.models import gla_forget_native as native_readout
+from iclab.ops.decayed_attention import forget as native_readout
 from iclab.progress import Reporter
-from iclab.tasks import drift_native as native_sampler
+from iclab.ops.drift_sampler import native as native_sampler
 from iclab.theory import drift as theory
 
 TINY = dict(d=3, n=8, gammas=[0.9, 0.95], lams=[0.8, 0.9, 1.0], lam_bars=[0.8, 0.9, 1.0], test_ms=[4, 8],
@@ -190,8 +190,8 @@ def test_native_readout_trains_as_the_xla_readout():
     config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64"})
     gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
     learn = np.array([[False, True, False]] * 2)
-    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas,
-                                         {"g": _common.Group(lams, learn=learn)})
+    runs = {kernel: _common.train_groups(config, gammas, {"g": _common.Group(lams, learn=learn)}, kernel=kernel,
+                                         sampler="xla")
             for kernel in ("xla", "native")}
     (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
     np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
@@ -203,13 +203,12 @@ def test_native_readout_trains_as_the_xla_readout():
 @pytest.mark.slow  # ~25 s per generator: two compiled training loops
 @pytest.mark.parametrize("normals", native_sampler.NORMALS)
 def test_shared_layout_trains_as_the_tokens(normals, monkeypatch):
-    """sampler = kernel = native with one-layer models: train_groups draws the batches in the shared layout
+    """Sampler and kernel native with one-layer models: train_groups draws the batches in the shared layout
     (inputs once, labels per γ: sample_shared_batch, readout_grid_shared); against the same batches as tokens
     read by XLA (sampler native, kernel xla), float64, two seeds, a learnt λ, with an eval set (tokens, read by
     readout_grid): the same losses, eval losses and weights to rounding. With either generator of the normals
-    (the config's ``normals`` reaches both layouts: Box-Muller's kernel is called)."""
-    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64", "sampler": "native",
-                                "normals": normals})
+    (``normals`` reaches both layouts: Box-Muller's kernel is called)."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float64"})
     calls = []
     box_muller = native_sampler._drift_ir.sample
     monkeypatch.setattr(native_sampler._drift_ir, "sample", lambda *a: (calls.append(1), box_muller(*a))[1])
@@ -218,8 +217,8 @@ def test_shared_layout_trains_as_the_tokens(normals, monkeypatch):
     Z, y = native_sampler.sample_training_batch(jax.random.PRNGKey(9), 30, gamma=gammas, sigma_w2=config.sigma_w2,
                                                 sigma_e2=config.sigma_e2, n=config.n, Lam=config.Lam(),
                                                 dtype=jnp.float64)
-    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas,
-                                         {"g": _common.Group(lams, learn=learn)}, eval_set=(Z, y))
+    runs = {kernel: _common.train_groups(config, gammas, {"g": _common.Group(lams, learn=learn)}, eval_set=(Z, y),
+                                         kernel=kernel, sampler="native", normals=normals)
             for kernel in ("xla", "native")}
     (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
     np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)
@@ -233,12 +232,11 @@ def test_shared_layout_trains_as_the_tokens(normals, monkeypatch):
 
 @pytest.mark.slow  # ~25 s: two compiled training loops
 def test_fused_readout_loss_trains_as_the_readout_kernel_in_float32(monkeypatch):
-    """The paper presets' path in float32 (sampler = kernel = native, the shared layout): the fused loss kernel
+    """The native backend's path in float32 (the compiled sampler and kernels, the shared layout): the fused loss kernel
     (``readout_mse_shared``, FUSED_READOUT) against its twin, the read-out kernel with XLA's contractions, in a
     whole training run, two seeds, a learnt λ beside fixed ones: the same losses and weights to float32
     rounding; and the fused run did call the fused kernel."""
-    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float32", "sampler": "native",
-                                "kernel": "native"})
+    config = fig1.Fig1Config(**{**TINY, "steps": 5, "lr": 0.05, "seeds": 2, "dtype": "float32"})
     gammas, lams = np.array([0.9, 0.95]), np.array([[0.8, 0.5, 1.0]] * 2)
     learn = np.array([[False, True, False]] * 2)
     calls = []
@@ -252,7 +250,8 @@ def test_fused_readout_loss_trains_as_the_readout_kernel_in_float32(monkeypatch)
     runs = {}
     for fused in (False, True):
         monkeypatch.setattr(_common, "FUSED_READOUT", fused)
-        runs[fused] = _common.train_groups(config, gammas, {"g": _common.Group(lams, learn=learn)})
+        runs[fused] = _common.train_groups(config, gammas, {"g": _common.Group(lams, learn=learn)}, kernel="native",
+                                           sampler="native")
         assert bool(calls) == fused
     (tr_t, p_t), (tr_f, p_f) = runs[False], runs[True]
     np.testing.assert_allclose(np.asarray(tr_f.loss), np.asarray(tr_t.loss), rtol=1e-4)
@@ -263,14 +262,14 @@ def test_fused_readout_loss_trains_as_the_readout_kernel_in_float32(monkeypatch)
 
 @pytest.mark.slow  # ~25 s: two compiled training loops
 def test_native_multilayer_loss_trains_as_the_xla_parallel_form():
-    """kernel = native runs each L-layer model's whole loss in one host call (gla_forget_native.multilayer_mse);
+    """kernel = native runs each L-layer model's whole loss in one host call (gla_forget.multilayer_mse_native);
     against XLA's parallel form in a whole training run, float64, two seeds, depths 2 and 3, a learnt λ beside a
     fixed one: the same weights and λ to rounding."""
     config = fig1.Fig1Config(**{**TINY, "steps": 4, "lr": 0.05, "seeds": 2, "dtype": "float64"})
     gammas, lams = np.array([0.9]), np.array([[0.8, 0.5]])
     learn = np.array([[False, True]])
     groups = {"L2": _common.Group(lams, layers=2, learn=learn), "L3": _common.Group(lams, layers=3)}
-    runs = {kernel: _common.train_groups(config.model_copy(update={"kernel": kernel}), gammas, groups)
+    runs = {kernel: _common.train_groups(config, gammas, groups, kernel=kernel, sampler="xla")
             for kernel in ("xla", "native")}
     (tr_x, p_x), (tr_n, p_n) = runs["xla"], runs["native"]
     np.testing.assert_allclose(np.asarray(tr_n.loss), np.asarray(tr_x.loss), rtol=1e-12)

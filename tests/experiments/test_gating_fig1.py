@@ -7,6 +7,8 @@ import numpy as np
 import pydantic
 import pytest
 
+from iclab.ops import use_backend
+
 from iclab.experiments.gating import _common as C
 from iclab.experiments.gating import fig1
 from iclab.progress import Reporter
@@ -177,15 +179,16 @@ def test_tiny_run_checks_and_plot():
 
 @pytest.mark.slow  # ~20 s on 2 cores, XLA compilation of two training loops
 def test_native_kernel_trains_the_same_models_as_xla():
-    """kernel 'native' (one token tensor at the largest n̄, each n̄ read at its own positions by the compiled loss)
+    """The native backend (one token tensor at the largest n̄, each n̄ read at its own positions by the compiled loss)
     against the XLA separate layout: the same members, batches and updates, float64, every Fig 1 family, two
     seeds (the trainer vmaps them through one callback), per-member clipping."""
     base = dict(d=2, p=3, n_bars=[0, 1, 3], panels=["a", "d"], vector_panels=["d"], steps=4, lr=0.05, batch=8,
                 seeds=2, record_every=2, dtype="float64", clip_norm=0.5)
     out = {}
     for kernel in ("xla", "native"):
-        cfg = fig1.Fig1Config(kernel=kernel, **base)
-        out[kernel] = C.train_models(cfg, fig1._models(cfg), cfg.panel_values(), None)
+        cfg = fig1.Fig1Config(**base)
+        with use_backend(kernel):
+            out[kernel] = C.train_models(cfg, fig1._models(cfg), cfg.panel_values(), None)
     (tr_x, par_x), (tr_n, par_n) = out["xla"], out["native"]
     np.testing.assert_allclose(tr_n.loss, tr_x.loss, rtol=1e-11)
     assert set(par_n) == {"linatt", "gla", "gla_wo", "gla_vector"}

@@ -8,6 +8,8 @@ import numpy as np
 import pydantic
 import pytest
 
+from iclab.ops import use_backend
+
 from iclab.experiments.gating import _common as C
 from iclab.experiments.gating import fig2
 from iclab.progress import Reporter
@@ -118,15 +120,16 @@ def test_padded_nbar_layout_trains_and_evaluates_the_same_models_as_separate_pro
 
 @pytest.mark.slow  # ~30 s on 2 cores, XLA compilation of two training loops
 def test_native_layer_kernels_train_the_same_models_as_xla():
-    """kernel 'native' (every n̄'s prompt cut out of one tensor at the largest n̄, full layers by the compiled
+    """The native backend (every n̄'s prompt cut out of one tensor at the largest n̄, full layers by the compiled
     gated-layer kernels) against the XLA separate layout: the same members, batches and updates, float64, depths
     1-3, two seeds, per-model clipping."""
     base = dict(d=2, p=3, n_bars=[0, 1, 3], steps=3, lr=0.05, batch=8, seeds=2, record_every=1, dtype="float64",
                 layers=[1, 2, 3], clip_norm=0.5)
     out = {}
     for kernel in ("xla", "native"):
-        cfg = fig2.Fig2Config(kernel=kernel, **base)
-        out[kernel] = C.train_models(cfg, fig2._models(cfg), [C.PANELS[0]], None)
+        cfg = fig2.Fig2Config(**base)
+        with use_backend(kernel):
+            out[kernel] = C.train_models(cfg, fig2._models(cfg), [C.PANELS[0]], None)
     (tr_x, par_x), (tr_n, par_n) = out["xla"], out["native"]
     np.testing.assert_allclose(tr_n.loss, tr_x.loss, rtol=1e-11)
     for name in par_x:
@@ -139,8 +142,8 @@ def test_native_kernel_refuses_families_it_does_not_compute():
 
     register_model(ModelFamily("toy_gla_native_refusal", gla.DELIMITED, lambda key, **kw: {}, gla.predict))
     try:
-        cfg = fig2.Fig2Config(d=2, p=3, n_bars=[0, 1], kernel="native", steps=1, batch=2, seeds=1, layers=[1])
-        with pytest.raises(ValueError, match="kernel 'native'"):
+        cfg = fig2.Fig2Config(d=2, p=3, n_bars=[0, 1], steps=1, batch=2, seeds=1, layers=[1])
+        with use_backend("native"), pytest.raises(ValueError, match="the native backend trains"):
             C.train_models(cfg, {"toy": C.Kind("toy_gla_native_refusal", "scalar", (0,), 0)}, [C.PANELS[0]], None)
     finally:
         unregister_model("toy_gla_native_refusal")

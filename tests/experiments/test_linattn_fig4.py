@@ -127,7 +127,7 @@ def test_standard_error_of_the_training_loss_at_m0():
 
 
 def test_benchmark_timing_is_the_slope_between_two_runs():
-    from iclab.experiments.linattn import _bench
+    from iclab.benches import linattn as _bench
 
     clock = {"now": 0.0}
 
@@ -144,7 +144,7 @@ def test_benchmark_timing_is_the_slope_between_two_runs():
 
 
 def test_benchmark_timing_refuses_a_slope_lost_in_the_call_overhead():
-    from iclab.experiments.linattn import _bench
+    from iclab.benches import linattn as _bench
 
     clock = {"now": 0.0, "calls": 0}
 

@@ -24,7 +24,7 @@ BOUNDED = {
 }
 
 # The measured growth of peak RSS may exceed the growth of the estimate by this factor: the estimate counts the
-# arrays' bytes, while the RSS also holds what the allocator keeps around them (iclab._malloc keeps freed blocks
+# arrays' bytes, while the RSS also holds what the allocator keeps around them (iclab.ops._runtime.malloc keeps freed blocks
 # in the heap, so a block freed before a slightly larger one is allocated is not reused; XLA's buffers are
 # aligned and padded). Measured growths lie at 0.5-0.7 of the estimate's in the cases below (0.3-0.9 over every
 # experiment measured while the estimates were written).

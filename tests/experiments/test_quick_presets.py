@@ -24,8 +24,9 @@ def test_every_experiment_has_quick_and_paper_presets_and_documented_fields():
         exp.resolve("paper")
 
 
+@pytest.mark.parametrize("backend", ["native", "xla"])  # xla: the path an accelerator takes, run here on the CPU
 @pytest.mark.parametrize("exp_id", EXPERIMENTS)
-def test_quick_preset_passes_its_checks(exp_id, tmp_path):
+def test_quick_preset_passes_its_checks(exp_id, backend, tmp_path):
     overrides = {}
     if "model_path" in all_experiments()[exp_id].config.model_fields:
         # Pretrained weights and data are not on this machine: the tiny local fixture stands in.
@@ -33,7 +34,8 @@ def test_quick_preset_passes_its_checks(exp_id, tmp_path):
 
         model_dir, data_dir = write_tiny_fixture(tmp_path / "fixture")
         overrides = {"model_path": str(model_dir), "data_path": str(data_dir)}
-    result = run_experiment(exp_id, "quick", overrides, root=tmp_path / "results")
+    result = run_experiment(exp_id, "quick", overrides, root=tmp_path / "results", backend=backend)
+    assert result.backend == backend
     failed = [(c["name"], c["measured"], c["expected"]) for c in result.checks if not c["passed"]]
     assert not failed, failed
     assert (result.path / "figure.png").stat().st_size > 0

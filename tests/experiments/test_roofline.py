@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclab.experiments._roofline import compiled_flops, matmul_peak_gflops, step_beside_peaks
+from iclab.benches._roofline import compiled_flops, matmul_peak_gflops, step_beside_peaks
 
 
 def test_compiled_flops_counts_a_product_as_2mnk():
@@ -38,7 +38,7 @@ def test_step_beside_peaks_pairs_each_round_with_the_faster_peak_beside_it():
 
 
 def test_drift_floor_counts_each_model_by_its_layers():
-    from iclab.experiments.drift._bench import floor_flops_per_prompt
+    from iclab.benches.drift import floor_flops_per_prompt
 
     T, D = 101, 11
     readout = 4 * T * D + 4 * D * D
@@ -52,7 +52,7 @@ def test_drift_floor_counts_each_model_by_its_layers():
 def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
     """The floor is a lower bound of the work of the experiments' own loss (XLA's count of the compiled loss and
     gradient is at least the floor, in every form); the forms of fig2's full layers are one model."""
-    from iclab.experiments.drift._bench import bench_drift
+    from iclab.benches.drift import bench_drift
 
     r = bench_drift(steps=1, batch=16, rounds=2)
     assert (r["fig1"]["models"], r["fig1"]["full_layers"]) == (90, 0)
@@ -82,7 +82,7 @@ def test_drift_bench_floor_is_below_what_xla_executes_and_forms_agree():
 
 def test_gating_fig1_floor_counts_each_model_by_its_gating_and_length():
     from iclab.experiments.gating import fig1
-    from iclab.experiments.gating._bench import fig1_floor_flops_per_step
+    from iclab.benches.gating import fig1_floor_flops_per_step
 
     cfg = fig1.Fig1Config(d=10, p=5, n_bars=[0, 50], models=["gla"], panels=["a"], vector_panels=[], batch=1, seeds=1)
     D = 16
@@ -97,7 +97,7 @@ def test_gating_fig1_floor_counts_each_model_by_its_gating_and_length():
 
 @pytest.mark.slow
 def test_gating_fig1_paper_bench_floor_is_below_what_xla_executes_and_kernels_agree():
-    from iclab.experiments.gating._bench import bench_fig1_paper
+    from iclab.benches.gating import bench_fig1_paper
 
     r = bench_fig1_paper(steps=1, seeds=2, batch=8, rounds=1)
     assert r["models"] == 2 * 16 * 10 and r["step_kernel"] == "native"
@@ -109,7 +109,7 @@ def test_gating_fig1_paper_bench_floor_is_below_what_xla_executes_and_kernels_ag
 
 def test_gating_fig2_floor_counts_full_layers_and_the_read_out():
     from iclab.experiments.gating import fig2
-    from iclab.experiments.gating._bench import fig2_floor_flops_per_step
+    from iclab.benches.gating import fig2_floor_flops_per_step
 
     D, T = 16, 103
     one = fig2.Fig2Config(d=10, p=5, n_bars=[50], layers=[1], batch=1, seeds=1)
@@ -129,7 +129,7 @@ def test_gating_fig2_floor_counts_full_layers_and_the_read_out():
 
 @pytest.mark.slow
 def test_gating_fig2_paper_bench_kernels_agree():
-    from iclab.experiments.gating._bench import bench_fig2_paper
+    from iclab.benches.gating import bench_fig2_paper
 
     # in float64 the two forms are the same function: agreement far below float32's epsilon is the kernels' check
     exact = bench_fig2_paper(steps=1, seeds=2, batch=8, n_bars=[0, 5], dtype="float64", rounds=1)

@@ -43,7 +43,7 @@ def test_draws_are_standard_normal():
     assert abs(z.mean()) < 4 / np.sqrt(z.size) and abs(z.var() - 1) < 4 * np.sqrt(2 / z.size)
 
 
-# The bits on the CPU come from a compiled kernel (iclab.tasks._rbg_native): XLA's RngBitGenerator bit for bit.
+# The bits on the CPU come from a compiled kernel (iclab.ops.normals.native): XLA's RngBitGenerator bit for bit.
 
 _STATES = [np.array(w, np.uint32) for w in ([0x12345678, 0x9ABCDEF0, 0x0FEDCBA9, 0x87654321], [1, 2, 3, 4],
                                              [0xDEADBEEF, 0, 0xFFFFFFF0, 0xFFFFFFFF],  # the counter's low half wraps
@@ -53,7 +53,7 @@ _STATES = [np.array(w, np.uint32) for w in ([0x12345678, 0x9ABCDEF0, 0x0FEDCBA9,
 def test_native_bits_are_xlas_rng_bit_generator(monkeypatch):
     """The kernel's words equal ``lax.rng_bit_generator``'s (uint32 and uint64, shapes of every length mod 4, a
     counter that carries into its high half) on 1, 2 and 3 threads."""
-    from iclab.tasks import _rbg_native
+    from iclab.ops.normals import native as _rbg_native
 
     for words in _STATES:
         for shape in ((1,), (3,), (5, 2), (2, 3, 7), (40_003,)):
@@ -72,8 +72,8 @@ def test_native_bits_are_xlas_rng_bit_generator(monkeypatch):
 def test_ir_blocks_are_numbas_blocks(monkeypatch):
     """The Philox blocks of the IR kernel (eight per step) against numba's loop, its naive twin: any range of
     blocks, a cut last block, counters whose low half wraps inside a step."""
-    from iclab.tasks import _rbg_native
-    from iclab.tasks._philox import round_keys
+    from iclab.ops.normals import native as _rbg_native
+    from iclab.ops._runtime.philox import round_keys
 
     r = np.random.default_rng(7)
     for lo in (0, 2**64 - 3, 2**64 - 20, int(r.integers(0, 2**63))):

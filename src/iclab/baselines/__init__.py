@@ -50,7 +50,7 @@ from iclab.baselines._matching import (
 )
 from iclab.baselines._multitask import independent_tasks_bayes_risk, multitask_bayes_risk, multitask_posterior_mean
 from iclab.baselines._online import lms, lms_risk, rls
-from iclab.baselines._online_native import filter_tail_errors
+from iclab.ops import filter_tail_errors
 from iclab.baselines._stats import Estimate, mean_and_se
 
 __all__ = [

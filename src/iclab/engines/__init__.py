@@ -5,7 +5,7 @@
 - :mod:`iclab.engines.moments`: exact full-batch GD from sufficient statistics, for predictions
   linear in a fixed feature of the prompt; O(dim φ²) per step, independent of P and N.
 - :mod:`iclab.engines.moments_native`: the same GD for the reduced linattn models in compiled
-  numba kernels (plain GD, CPU), ~4× faster per step than XLA there.
+  kernels (plain GD, CPU), ~4× faster per step than XLA there.
 - :mod:`iclab.engines.joint`: a grid of independent models trained jointly on shared minibatches,
   keys depending only on (seed, member, step).
 - :mod:`iclab.engines.linreg`: any registered in-context linear-regression model family
@@ -13,12 +13,17 @@
 
 Every engine takes the optimiser as an optax ``GradientTransformation`` without learning rate and
 the learning rate (a float or a schedule) apart: see :mod:`iclab.engines._descent`.
+
+:func:`backend` says which backend a run computes with, ``native`` (the compiled kernels of :mod:`iclab.ops`)
+or ``xla``: a run option (``iclab run --backend``), never a paper setting.
 """
 
 from iclab.engines import joint, moments, moments_native, population, sampled
 from iclab.engines._descent import Schedule, as_schedule, with_learning_rate
 from iclab.engines._loop import Diverged, Trajectory, record_steps
 from iclab.engines.joint import Members, seed_keys, train_members
+from iclab.ops import backend
 
-__all__ = ["Diverged", "Members", "Schedule", "Trajectory", "as_schedule", "joint", "moments", "moments_native",
-           "population", "record_steps", "sampled", "seed_keys", "train_members", "with_learning_rate"]
+__all__ = ["Diverged", "Members", "Schedule", "Trajectory", "as_schedule", "backend", "joint", "moments",
+           "moments_native", "population", "record_steps", "sampled", "seed_keys", "train_members",
+           "with_learning_rate"]

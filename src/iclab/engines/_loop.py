@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclab._malloc import retain_freed_memory
+from iclab import settings
+from iclab.ops import retain_freed_memory
 
 Callback = Callable[[int, dict], None]
 
@@ -141,7 +142,7 @@ def run_loop(
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).
     """
-    retain_freed_memory()  # a step's large buffers are reused, not faulted in again (iclab._malloc)
+    retain_freed_memory(settings.malloc_mode())  # a step's large buffers are reused, not faulted in again
     if batched:
         step_fn, observe = jax.vmap(step_fn), jax.vmap(observe)
     steps = record_steps(n_steps, record_every)

@@ -36,7 +36,8 @@ from iclab.models import get_model
 from iclab.models.linattn import cubic_feature, cubic_feature_from_moments
 from iclab.progress import Reporter, task
 from iclab.tasks.linreg import Prompts, sample_prompts, sample_query_moments
-from iclab.theory.linattn import population_loss
+from iclab.ops import backend
+from iclab.tasks.linreg import population_loss
 
 __all__ = ["Engine", "Form", "Integrator", "LinregTraining", "MomentsBackend", "Statistics", "init_params",
            "population_objective", "prompt_statistics", "train"]
@@ -46,10 +47,11 @@ Engine = Literal["population", "moments", "sampled"]
 #: How the population engine moves: gradient descent (any optax optimiser, t = Σ lr) or gradient flow
 #: dθ/dt = −∇L(θ) (diffrax, Dopri8 with PID step control), the small-lr limit of plain GD.
 Integrator = Literal["gd", "gf"]
-#: How the moments engine runs its steps: through XLA (any family, any optax optimiser) or the compiled
+#: How the moments engine runs its steps: through XLA (any family, any optax optimiser), the compiled
 #: kernels of :mod:`iclab.engines.moments_native` (reduced attn_s, attn_m and mlp, plain GD, faster per
-#: step on a CPU). Both follow the same trajectory to rounding.
-MomentsBackend = Literal["xla", "native"]
+#: step on a CPU), or ``auto``: the kernels where the run's backend is ``native`` (:func:`iclab.engines.backend`)
+#: and they apply, else XLA. Both follow the same trajectory to rounding.
+MomentsBackend = Literal["auto", "xla", "native"]
 #: How the moments engine's statistics are drawn: from the prompts (the sampled engine's data) or
 #: (β, x_q, y_q) from their exact joint law (:func:`iclab.tasks.linreg.sample_query_moments`).
 Statistics = Literal["prompts", "direct"]
@@ -80,7 +82,8 @@ class LinregTraining(BaseModel):
     form: Form = Field("reduced", description="reduced (the blocks that reach ŷ_q) or full-matrix weights")
     full_scale: float = Field(0.0, ge=0, le=1e3, description="std of the full-matrix blocks that never reach ŷ_q")
     rho: float = Field(1.0, gt=0, le=1e6, description="softmax temperature ρ (families with a 'rho' option)")
-    backend: MomentsBackend = Field("xla", description="moments engine: xla or the compiled native kernels")
+    backend: MomentsBackend = Field("auto", description="moments engine: auto (the run's backend where the compiled "
+                                    "kernels apply), xla, or the compiled native kernels")
     unroll: int = Field(1, ge=1, le=1024, description="steps unrolled per compiled loop iteration (xla)")
     integrator: Integrator = Field("gd", description="population engine: gradient descent (gd) or gradient flow (gf)")
     rtol: float = Field(1e-10, gt=0, lt=1, description="gradient flow: relative tolerance of the step-size control")
@@ -114,6 +117,18 @@ class LinregTraining(BaseModel):
         if self.integrator == "gf" and self.engine != "population":
             raise ValueError(f"integrator 'gf' (gradient flow) is the population engine's (got engine {self.engine!r})")
         return self
+
+    def native_moments(self, *, plain_gd: bool = True) -> bool:
+        """Whether the moments engine runs by the compiled kernels: ``native``, or ``auto`` under the native backend
+        where they apply (the reduced attn_s, attn_m and mlp, plain GD at the constant lr).
+
+        Args:
+            plain_gd: whether the run is plain GD at the constant ``lr`` (no optimiser, no schedule).
+        """
+        if self.backend != "auto":
+            return self.backend == "native"
+        return (backend() == "native" and plain_gd and self.engine == "moments" and self.form == "reduced"
+                and self.model in moments_native.NATIVE_MODELS)
 
     def family(self):
         """The registered family trained (its full-matrix form when ``form == "full"``).
@@ -329,7 +344,7 @@ def train(
             return population.gradient_descent(objective, params0, aux, metrics=recorded, callback=cb, **common)
         if spec.engine == "moments":
             st = stats if stats is not None else prompt_statistics(keys, Lams, N, spec.P, feature=family.feature)
-            if spec.backend == "native":
+            if spec.native_moments(plain_gd=optimizer is None and lr is None):
                 tr = moments_native.full_batch(spec.model, params0, st, lr=spec.lr, n_steps=spec.steps,
                                                record_every=spec.record_every, record_params=True, batched=True,
                                                callback=cb)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 
 from iclab.experiments._config import ExperimentConfig
 from iclab.experiments.checks import Check  # noqa: F401  (re-exported)
@@ -99,6 +99,8 @@ class Experiment:
 
 
 _REGISTRY: dict[str, Experiment] = {}
+#: The folder of :mod:`iclab.experiments`, whose modules and paper packages register the built-in experiments.
+_PACKAGE_DIR = Path(__file__).parent
 
 
 def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
@@ -140,9 +142,7 @@ def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
 
 def paper_packages() -> set[str]:
     """The paper packages of :mod:`iclab.experiments` (``linattn``, ``gating``, ...)."""
-    import iclab.experiments as pkg
-
-    return {m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg and not m.name.startswith("_")}
+    return {m.name for m in pkgutil.iter_modules([str(_PACKAGE_DIR)]) if m.ispkg and not m.name.startswith("_")}
 
 
 def unregister(exp_id: str) -> None:
@@ -157,9 +157,7 @@ def unregister(exp_id: str) -> None:
 def _discover() -> None:
     # Every public module of this package registers its experiments on import: adding an
     # experiment is adding a file.
-    import iclab.experiments as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    for mod in pkgutil.iter_modules([str(_PACKAGE_DIR)]):
         if not mod.name.startswith("_"):
             importlib.import_module(f"iclab.experiments.{mod.name}")
 

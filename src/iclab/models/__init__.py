@@ -12,5 +12,6 @@ protocol; :func:`register_model` makes it usable by every engine that accepts it
 """
 
 from iclab.models._family import ModelFamily, get_model, model_families, register_model, unregister_model
+from iclab.models import gla, linattn  # noqa: E402,F401  (the built-in families register on import)
 
 __all__ = ["ModelFamily", "get_model", "model_families", "register_model", "unregister_model"]

@@ -98,12 +98,6 @@ def unregister_model(name: str) -> None:
     _MODELS.pop(name, None)
 
 
-def _builtin() -> None:
-    # The built-in families register on import of their modules.
-    import iclab.models.gla  # noqa: F401
-    import iclab.models.linattn  # noqa: F401
-
-
 def get_model(name: str) -> ModelFamily:
     """The registered family of this name.
 
@@ -112,7 +106,6 @@ def get_model(name: str) -> ModelFamily:
     Raises:
         KeyError: with the known names, when none is registered under ``name``.
     """
-    _builtin()
     try:
         return _MODELS[name]
     except KeyError:
@@ -125,5 +118,4 @@ def model_families(task: str | None = None) -> dict[str, ModelFamily]:
     Args:
         task: only the families that read this task's prompts (None: all).
     """
-    _builtin()
     return {k: f for k, f in _MODELS.items() if task is None or f.task == task}

@@ -55,13 +55,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclab.models._family import ModelFamily, register_model
+from iclab.ops import LANES, gated_layer, subsequence_positions
+from iclab.ops import gated_multilayer_mse_grid as multilayer_mse_grid
+from iclab.ops import gated_multilayer_mse_grids as multilayer_mse_grids
+from iclab.ops import gated_query_mse_grid as query_mse_grid
 from iclab.tasks import standard_normal
 
-__all__ = ["DELIMITED", "GATINGS", "PLAIN", "Form", "Gating", "construction2_params", "cumulative_gates",
+__all__ = ["DELIMITED", "GATINGS", "LANES", "PLAIN", "Form", "Gating", "construction2_params", "cumulative_gates",
            "delimiter_prompt", "gate_logits", "gate_matrices", "gating", "gla_layer", "init_multilayer", "init_params",
            "log_gates", "multilayer_outputs", "parallel", "predict", "predict_last", "predict_multilayer",
-           "projections", "query_weights", "recurrent", "restricted_params", "restricted_to_full", "restricted_wpgd",
-           "scalar_gate_for_weights", "token_layout", "unrolled", "vector_gate_for_weights"]
+           "multilayer_mse_grid", "multilayer_mse_grids", "projections", "query_mse_grid", "query_weights",
+           "recurrent", "restricted_params", "restricted_to_full", "restricted_wpgd", "scalar_gate_for_weights",
+           "subsequence_positions", "token_layout", "unrolled", "vector_gate_for_weights"]
 
 Gating = Literal["none", "scalar", "vector"]
 Form = Literal["last", "parallel", "recurrent", "unrolled", "native"]
@@ -294,16 +299,14 @@ def gla_layer(params, Z: jax.Array, mask=None, form: Form = "parallel") -> jax.A
         params: Wq, Wk, Wv (+ w_g or W_g).
         Z: tokens; mask: optional (..., T) 0/1 token mask.
         form: ``parallel``, ``recurrent`` or ``unrolled`` (all equal), or ``native`` (the compiled CPU kernels of
-            :func:`iclab.models.gla_native.gated_layer`: scalar gates, no mask).
+            :func:`iclab.ops.gated_layer`: scalar gates, no mask).
     Returns:
         O: (..., T, D), o_i = S_i q_i.
     """
     if form == "native":
         if mask is not None:
             raise ValueError("form 'native' reads prompts without a token mask (use the separate n̄ layout)")
-        from iclab.models import gla_native  # imports this module
-
-        return gla_native.gated_layer(params, Z)
+        return gated_layer(Z, params, backend="native")
     Q, K, V = projections(params, Z, mask)
     if form == "parallel":
         return parallel(Q, K, V, log_gates(params, Z, mask), gating(params))

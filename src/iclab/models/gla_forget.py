@@ -23,7 +23,7 @@ so each form is written once. Equal forms (all positions):
 - chunked: the parallel form inside chunks of C tokens and the recurrent state between chunks
   (O(T C d + T d²) work, no (T, T) matrix; ``gla_chunked``);
 - native: the recurrent form as compiled CPU kernels with a hand-written backward pass
-  (:mod:`iclab.models.gla_forget_native`, numba), the fast path for training multi-layer models on a CPU.
+  (:func:`iclab.ops.forget_layer`, compiled CPU kernels), the fast path for training multi-layer models on a CPU.
 
 ``predict(..., form="readout")`` evaluates only ŷ, in O(T d) per prompt: ŷ = Σ_i λ^{n+1-i}
 (W_V z_i)_{d+1} (k_iᵀ q_{n+1}); it is the fast path for training one layer.
@@ -55,11 +55,14 @@ import jax
 import jax.numpy as jnp
 
 from iclab.models import gla as _gla
+from iclab.ops import forget_layer, forget_multilayer_mse, forget_readout_grid, forget_readout_grid_shared, \
+    forget_readout_mse_shared
 
 __all__ = ["PARAMETRISATIONS", "Form", "Parametrisation", "decay_weights", "decayed_cumsum", "forget_factor",
            "gla_chunked", "gla_layer", "gla_parallel", "gla_readout", "gla_recurrent", "gla_scan", "gla_unrolled", "init_assumption1",
            "init_gla", "lemma2_matrix", "merged_weights", "parametrisation", "predict", "predict_linear_attention",
-           "predict_multilayer", "predict_restricted", "projections", "restricted_from_optimum"]
+           "kernel_weights", "multilayer_mse_native", "predict_multilayer", "predict_restricted", "projections",
+           "readout_grid", "readout_grid_shared", "readout_mse_shared", "restricted_from_optimum"]
 
 Parametrisation = Literal["qkv", "merged", "lemma2", "restricted"]
 Form = Literal["readout", "parallel", "chunked", "recurrent", "scan", "unrolled", "native"]
@@ -371,11 +374,27 @@ def gla_readout(params, Z: jax.Array, lam=None) -> jax.Array:
     return jnp.einsum("t,...t,...t->...", decay_weights(T, lam), Z @ v_row, jnp.einsum("...td,...d->...t", Z, c))
 
 
-def _native_layer(params, Z: jax.Array, lam=None) -> jax.Array:
-    """The recurrent form by compiled CPU kernels (``gla_forget_native.gla_layer``; its own custom VJP)."""
-    from iclab.models import gla_forget_native
+def kernel_weights(params) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(W_Q, W_K, W_V) of one layer of any parametrisation as the layer kernels read them: ``qkv`` as they are,
+    the others merged as W_Q = W^KQ, W_K = I (q_t = W^KQ z_t, k_t = z_t: the same layer, eq 8). ``jax.vmap`` it
+    over a leading layer axis.
 
-    return gla_forget_native.gla_layer(params, Z, forget_factor(params, lam))
+    Args:
+        params: one layer of any parametrisation (``theta`` ignored).
+    Returns:
+        (W_Q, W_K, W_V), each (d+1, d+1).
+    """
+    params = {k: v for k, v in params.items() if k != "theta"}
+    if parametrisation(params) == "qkv":
+        return params["WQ"], params["WK"], params["WV"]
+    WV, WQ = merged_weights(params)
+    return WQ, jnp.eye(WQ.shape[-1], dtype=WQ.dtype), WV
+
+
+def _native_layer(params, Z: jax.Array, lam=None) -> jax.Array:
+    """The recurrent form by compiled CPU kernels (:func:`iclab.ops.forget_layer`; its own custom VJP)."""
+    WQ, WK, WV = kernel_weights(params)
+    return forget_layer(Z, WQ, WK, WV, forget_factor(params, lam), backend="native")
 
 
 _LAYER_FORMS = {"parallel": gla_parallel, "chunked": gla_chunked, "recurrent": gla_recurrent, "scan": gla_scan,
@@ -390,7 +409,7 @@ def gla_layer(params, Z: jax.Array, lam=None, form: Form = "parallel") -> jax.Ar
         Z: (..., T, d+1) tokens.
         lam: forget factor; None uses sigmoid(params["theta"]).
         form: ``parallel``, ``chunked`` (16 tokens per chunk), ``recurrent``, ``scan``, ``unrolled`` or ``native``
-            (the recurrent form in compiled CPU kernels, ``gla_forget_native``); all equal.
+            (the recurrent form in compiled CPU kernels, :func:`iclab.ops.forget_layer`); all equal.
     Returns:
         O: (..., T, d+1).
     """
@@ -537,3 +556,39 @@ def restricted_from_optimum(U11: jax.Array, u_m1) -> dict:
         ``{"U11", "u_m1"}`` as arrays.
     """
     return {"U11": jnp.asarray(U11), "u_m1": jnp.asarray(u_m1)}
+
+
+def multilayer_mse_native(layers, Z: jax.Array, y: jax.Array, lam=None) -> jax.Array:
+    """Mean squared error of an L-layer residual GLA (:func:`predict_multilayer`) on one batch by the compiled
+    kernels, the whole model in one host call (:func:`iclab.ops.forget_multilayer_mse`).
+
+    Args:
+        layers: one parametrisation's params with a leading layer axis L (``init_gla(..., layers=L)``; a trainable
+            ``theta`` gives λ = sigmoid(θ) when ``lam`` is None).
+        Z: (B, T, d+1) tokens, the query last; y: (B,) targets.
+        lam: forget factor shared by the layers (None: sigmoid(θ)).
+    Returns:
+        The scalar loss mean((ŷ − y)²), in Z's dtype.
+    """
+    lam = forget_factor({"theta": layers["theta"]} if "theta" in layers else {}, lam)
+    WQ, WK, WV = jax.vmap(kernel_weights)({k: v for k, v in layers.items() if k != "theta"})
+    return forget_multilayer_mse(Z, y, WQ, WK, WV, lam, backend="native")
+
+
+def readout_grid(Z: jax.Array, u: jax.Array, c: jax.Array, lam: jax.Array) -> jax.Array:
+    """The read-out at the query of a (G, K) grid of one-layer models by the compiled kernel: ŷ_gkb =
+    Σ_i λ_gk^{n+1−i} (u_gk·z_gbi)(c_gkb·z_gbi) (:func:`iclab.ops.forget_readout_grid`; :func:`gla_readout`'s
+    prediction with u = (W_V)_{d+1,:}, c = W^KQ z_q).
+
+    Args:
+        Z: (G, B, T, d+1) tokens; u: (G, K, d+1); c: (G, K, B, d+1); lam: (G, K).
+    Returns:
+        (G, K, B) predictions.
+    """
+    return forget_readout_grid(Z, u, c, lam, backend="native")
+
+
+#: The same read-out on the shared layout (the inputs once for every γ), its predictions and its loss with the
+#: gradient in one pass (:mod:`iclab.ops`: compiled kernels).
+readout_grid_shared = forget_readout_grid_shared
+readout_mse_shared = forget_readout_mse_shared

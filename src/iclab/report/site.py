@@ -112,7 +112,7 @@ def collect_runs(store_root: str | Path, on_damaged=None, on_invalid=None) -> li
 def _builtin_info(experiment: str) -> tuple[dict | None, dict | None]:
     """(description, preset configs) of one of iclab's own experiments, from the installed package (None, None
     for any other id): for runs stored before runs recorded their own."""
-    from iclab.launch import builtin_experiment, experiment_info
+    from iclab.runner import builtin_experiment, experiment_info
 
     exp = builtin_experiment(experiment)
     if exp is None:

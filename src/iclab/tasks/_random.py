@@ -13,7 +13,7 @@ numbers alone and beside other seeds, and a member of a grid different numbers a
 :func:`standard_normal` has its own batching rule: a vmapped call draws each key's numbers by itself
 (a ``lax.map`` over the keys), so it equals the per-key draws exactly, under any nesting of vmap.
 
-On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.tasks._rbg_native`): XLA's
+On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.ops.normals.native`): XLA's
 RngBitGenerator, expanded into elementwise HLO that ran on one thread, was 36 of the 45 ms of gating.fig2's batch;
 the kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
 thread, each key by itself under vmap, and ``jax.random.normal`` turns them into floats with its own XLA code, so
@@ -48,7 +48,7 @@ def rbg_key(key: jax.Array) -> jax.Array:
     return jax.random.wrap_key_data(jnp.concatenate([data, data ^ jnp.uint32(0x9E3779B9)]), impl="rbg")
 
 
-#: Whether the draws on the CPU take their bits from the compiled kernel of :mod:`iclab.tasks._rbg_native` (XLA's
+#: Whether the draws on the CPU take their bits from the compiled kernel of :mod:`iclab.ops.normals` (XLA's
 #: RngBitGenerator bit for bit, on every thread; the floats are XLA's own transform of them, so the draws are the
 #: same bits) rather than from XLA's RngBitGenerator (one thread; 36 of the 45 ms of gating.fig2's batch).
 NATIVE_BITS = True
@@ -56,9 +56,9 @@ NATIVE_BITS = True
 
 def _native_key(key: jax.Array) -> jax.Array:
     """:func:`rbg_key`'s key data under the PRNG implementation whose bits come from the compiled kernel."""
-    from iclab.tasks import _rbg_native
+    from iclab.ops import NATIVE_RNG_IMPL
 
-    return jax.random.wrap_key_data(jax.random.key_data(rbg_key(key)), impl=_rbg_native.IMPL)
+    return jax.random.wrap_key_data(jax.random.key_data(rbg_key(key)), impl=NATIVE_RNG_IMPL)
 
 
 @functools.lru_cache(maxsize=None)

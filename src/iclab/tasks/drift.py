@@ -14,6 +14,10 @@ z_{n+1} = (x_{n+1}, 0). Batches lie along a leading axis B. γ, σ_w², σ_e² m
 a sampler can be vmapped over a grid of task processes. The task setting is passed by keyword in the
 order of :mod:`iclab.theory.drift` (``gamma, sigma_w2, sigma_e2, n, Lam``), so one dict of it serves
 the sampler and the closed forms alike. Gaussian draws come from :func:`iclab.tasks.standard_normal`.
+
+:func:`sample_training_batch` and :func:`sample_shared_batch` draw the same process by the compiled sampler
+of :mod:`iclab.ops` (another generator: Philox with a ziggurat or Box-Muller, so other numbers), in the token
+layouts the compiled layer kernels read; the shared layout keeps the inputs once for a grid of γ.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from iclab.ops import DRIFT_NORMALS as NORMALS
+from iclab.ops import drift_shared_batch as sample_shared_batch
+from iclab.ops import drift_training_batch as sample_training_batch
 from iclab.tasks import standard_normal
 
-__all__ = ["DriftPrompts", "sample_drift_prompts", "sample_tasks", "tokens"]
+__all__ = ["NORMALS", "DriftPrompts", "sample_drift_prompts", "sample_shared_batch", "sample_tasks",
+           "sample_training_batch", "tokens"]
 
 
 class DriftPrompts(NamedTuple):

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Prompts", "QueryMoments", "Spectrum", "context_moment", "covariance", "fixed_task_vector", "prompt_matrix",
-           "sample_mixture_prompts", "sample_prompts", "sample_query_moments", "spectrum_eigenvalues", "whiten_tasks"]
+__all__ = ["Prompts", "QueryMoments", "Spectrum", "context_moment", "covariance", "expected_lambda_hat_sq",
+           "fixed_task_vector", "population_loss", "prompt_matrix", "sample_mixture_prompts", "sample_prompts",
+           "sample_query_moments", "spectrum_eigenvalues", "whiten_tasks"]
 
 Spectrum = Literal["linear", "inverse", "white"]
 
@@ -252,3 +253,43 @@ def sample_query_moments(key: jax.Array, Lam: jax.Array, N: int, P: int) -> Quer
     g_perp = g - a_hat * jnp.sum(a_hat * g, axis=1, keepdims=True)
     beta = (a * Q[:, None] + norm * jnp.sqrt(Q)[:, None] * g_perp) @ chol.T / N
     return QueryMoments(beta=beta, x_q=u_q @ chol.T, y_q=jnp.sum(a * u_q, axis=1), w=w)
+
+
+# --------------------------------------------------------------------------------------------
+# Population moments of the prompts
+
+
+def expected_lambda_hat_sq(Lam, inv_N):
+    """E[Λ̂²] for Λ̂ = (1/N) Σ_n x_n x_nᵀ, x_n ~ N(0, Λ): eq 30 (eq 31 for fixed N).
+
+    E[Λ̂²] = Λ² + E(1/N) (Λ + trΛ·I) Λ.
+
+    Args:
+        Lam: (D, D) covariance Λ.
+        inv_N: E(1/N); pass 1/N for a fixed context length N.
+    Returns:
+        (D, D) matrix E[Λ̂²].
+    """
+    Lam = jnp.asarray(Lam)
+    D = Lam.shape[0]
+    return Lam @ Lam + inv_N * (Lam + jnp.trace(Lam) * jnp.eye(D, dtype=Lam.dtype)) @ Lam
+
+
+def population_loss(A, Lam, inv_N):
+    """Expected query loss of the predictor ŷ_q = βᵀ A x_q on these prompts (the linattn paper's Sec 3):
+
+    L(A) = trΛ − 2 tr(AΛ²) + tr(Aᵀ E[Λ̂²] A Λ),
+
+    with A = Σ_i v_i U_i (ATTN_M), Σ_{i,r} v_i k_{i,r} q_{i,r}ᵀ (ATTN_S) or the column-major
+    reshape of w₂ᵀW₁ (MLP on the cubic feature). Differentiable in A.
+
+    Args:
+        A: (D, D) effective matrix of the linear-attention predictor.
+        Lam: (D, D) covariance Λ.
+        inv_N: E(1/N) (1/N for a fixed length).
+    Returns:
+        scalar loss E(y_q − ŷ_q)².
+    """
+    Lam = jnp.asarray(Lam)
+    Lhat2 = expected_lambda_hat_sq(Lam, inv_N)
+    return jnp.trace(Lam) - 2.0 * jnp.trace(A @ Lam @ Lam) + jnp.trace(A.T @ Lhat2 @ A @ Lam)

@@ -22,10 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclab.ops import multitask_block_tokens as block_tokens
+from iclab.ops import multitask_task_normals as task_normals
+
 from iclab.tasks._random import standard_normal
 
-__all__ = ["MultitaskPrompts", "block_draw", "block_tasks", "joint_task_correlation", "padding_mask", "sample_blocks",
-           "sample_correlated", "sample_multitask", "take_blocks", "task_correlation_factor", "two_task_factor"]
+__all__ = ["MultitaskPrompts", "block_draw", "block_tasks", "block_tokens", "joint_task_correlation", "padding_mask",
+           "sample_blocks", "sample_correlated", "sample_multitask", "take_blocks", "task_correlation_factor",
+           "task_normals", "two_task_factor"]
 
 # Correlation matrices coming from user input are checked to this absolute tolerance.
 _CORR_TOL = 1e-10

@@ -22,6 +22,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from iclab.tasks.linreg import expected_lambda_hat_sq, population_loss  # the prompts' moments (re-exported here)
+
 __all__ = [
     "all_fixed_points", "attn_m_conserved", "attn_m_effective_matrix", "attn_m_fixed_point",
     "attn_m_gradient_flow_rhs", "attn_m_plateau_time", "attn_m_population_loss", "attn_s_conserved",
@@ -46,42 +48,6 @@ def harmonic_inv_length(N_max: int) -> float:
     if N_max < 1:
         raise ValueError(f"N_max must be >= 1 (got {N_max})")
     return float(sum(1.0 / n for n in range(1, N_max + 1)) / N_max)
-
-
-def expected_lambda_hat_sq(Lam, inv_N):
-    """E[Λ̂²] for Λ̂ = (1/N) Σ_n x_n x_nᵀ, x_n ~ N(0, Λ): eq 30 (eq 31 for fixed N).
-
-    E[Λ̂²] = Λ² + E(1/N) (Λ + trΛ·I) Λ.
-
-    Args:
-        Lam: (D, D) covariance Λ.
-        inv_N: E(1/N); pass 1/N for a fixed context length N.
-    Returns:
-        (D, D) matrix E[Λ̂²].
-    """
-    Lam = jnp.asarray(Lam)
-    D = Lam.shape[0]
-    return Lam @ Lam + inv_N * (Lam + jnp.trace(Lam) * jnp.eye(D, dtype=Lam.dtype)) @ Lam
-
-
-def population_loss(A, Lam, inv_N):
-    """Expected query loss of the predictor ŷ_q = βᵀ A x_q (spec §3, derived):
-
-    L(A) = trΛ − 2 tr(AΛ²) + tr(Aᵀ E[Λ̂²] A Λ),
-
-    with A = Σ_i v_i U_i (ATTN_M), Σ_{i,r} v_i k_{i,r} q_{i,r}ᵀ (ATTN_S) or the column-major
-    reshape of w₂ᵀW₁ (MLP on the cubic feature). Differentiable in A.
-
-    Args:
-        A: (D, D) effective matrix of the linear-attention predictor.
-        Lam: (D, D) covariance Λ.
-        inv_N: E(1/N) (1/N for a fixed length).
-    Returns:
-        scalar loss E(y_q − ŷ_q)².
-    """
-    Lam = jnp.asarray(Lam)
-    Lhat2 = expected_lambda_hat_sq(Lam, inv_N)
-    return jnp.trace(Lam) - 2.0 * jnp.trace(A @ Lam @ Lam) + jnp.trace(A.T @ Lhat2 @ A @ Lam)
 
 
 def fixed_point_loss(eigenvalues, subset, inv_N):

@@ -10,11 +10,11 @@ standard normals drives the AR(1) process of every γ), which makes the sweeps s
 random numbers of one model. Model m of seed s is initialised from fold_in(fold_in(key_s, 1), m)
 (its own key: a model trained alone starts where it starts in the grid).
 
-``TrainConfig.sampler`` and ``TrainConfig.kernel``: ``xla`` computes all of this in XLA; ``native`` (the paper
-presets) draws the batches with the compiled sampler ``tasks.drift_native`` (the same process from another
-generator, so other numbers; ``TrainConfig.normals`` picks its normals: the ziggurat, or Box-Muller, which
-drift.fig1's and drift.baselines' paper presets use) and runs the models through the compiled kernels of ``models.gla_forget_native``
-(the XLA forms' values to float rounding). XLA:CPU reaches a few per cent of this machine's matmul peak on these small products (T = 101 tokens
+The backend (a run option, ``iclab run --backend``; :func:`iclab.engines.backend`): with ``xla`` all of this
+computes in XLA; with ``native`` (the default on a CPU) the training batches are drawn by the compiled sampler
+``tasks.drift.sample_training_batch`` (the same process from another generator, Philox with Box-Muller normals,
+so other numbers) and the models run through the compiled kernels of :mod:`iclab.ops` (the XLA forms' values to
+float rounding). XLA:CPU reaches a few per cent of a CPU's matmul peak on these small products (T = 101 tokens
 of width 11, batched over 5000 prompts); ``iclab bench drift`` measures both.
 
 Evaluation (``model_errors``): a one-layer model with restricted weights (U_11, u_{-1}) is evaluated
@@ -45,22 +45,23 @@ import optax
 from pydantic import model_validator
 
 from iclab import baselines
-from iclab.engines import Members, seed_keys, train_members
+from iclab.engines import Members, backend, seed_keys, train_members
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param, validate_eigenvalues
 from iclab.experiments._memory import FLOAT64, Term, itemsize, records
 from iclab.experiments.checks import check_equal
 from iclab.models import gla_forget as gla
-from iclab.models.gla_forget_native import multilayer_mse, readout_grid, readout_grid_shared, readout_mse_shared
 from iclab.tasks.drift import sample_drift_prompts, tokens
-from iclab.tasks.drift_native import sample_shared_batch, sample_training_batch
+from iclab.tasks.drift import sample_shared_batch, sample_training_batch
 from iclab.theory import drift as theory
 
 PAPER = "drift"
-#: How the GLA models run in training (``TrainConfig.kernel``).
+#: How the GLA models run in training: the backend in force (:func:`iclab.engines.backend`).
 Kernel = Literal["xla", "native"]
-#: The compiled sampler's normals (``tasks.drift_native.NORMALS``).
-Normals = Literal["ziggurat", "box_muller"]
+#: The compiled sampler's standard normals (``tasks.drift.NORMALS``): Box-Muller (one LLVM IR kernel over lanes of
+#: 4 prompts: Philox words, ln, cos and sin by polynomials to a few ulp, the tail beyond 6.66 σ (mass 2.7e-11)
+#: cut), ≈ 1.4x faster per core than the sampler's exact ziggurat.
+NORMALS = "box_muller"
 #: The γ values of Fig 1a and of the LMS/RLS table (spec §5).
 PAPER_GAMMAS = (0.8, 0.85, 0.925, 0.95, 0.975)
 #: Spec §5 table (d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I): γ -> (λ*, err(λ*), err(λ = 1)).
@@ -132,23 +133,6 @@ class TrainConfig(TaskConfig, TrainingConfig):
         "float32", "dtype of training (sampling, forward, backward); evaluation is float64",
         paper=None, paper_note="unspecified (PyTorch default float32)",
     )
-    kernel: Kernel = param(
-        "xla", "how the models compute in training: xla (one layer: gla_forget.gla_readout; full layers: the parallel "
-        "form) or native (compiled CPU kernels of models.gla_forget_native: the read-out of a whole grid, the "
-        "recurrent form of full layers; drift.baselines' LMS/RLS by baselines.filter_tail_errors; equal to the xla "
-        "forms to float rounding, several times faster at the paper's batch)", paper=None, paper_note="implementation choice; the paper presets use native")
-    sampler: Kernel = param(
-        "xla", "how training batches, evaluation prompts and drift.baselines' filtered sequences are drawn: xla "
-        "(tasks.drift.sample_drift_prompts) or native (the compiled sampler tasks.drift_native: the same process "
-        "from another generator, Philox and a ziggurat or Box-Muller (normals), so other numbers; ~5x faster at the "
-        "paper's batch)", paper=None,
-        paper_note="implementation choice; the paper presets use native")
-    normals: Normals = param(
-        "ziggurat", "the compiled sampler's standard normals (sampler native only): ziggurat (a numba kernel: Philox "
-        "words, a 256-layer ziggurat, exact) or box_muller (one LLVM IR kernel over lanes of 4 prompts: Philox words, "
-        "Box-Muller with ln, cos, sin by polynomials to a few ulp, the tail beyond 6.66 sigma (mass 2.7e-11) cut; "
-        "other numbers from the same process, ≈ 1.4x faster per core)", paper=None,
-        paper_note="implementation choice; drift.fig1's and drift.baselines' paper presets use box_muller")
     init_std: float = param(0.1, "std of the random Gaussian init of every weight entry", paper=None,
                             paper_note="unspecified ('random Gaussian init')", gt=0, le=10)
     parametrisation: gla.Parametrisation = param(
@@ -209,7 +193,7 @@ def _forget_factors(params, settings):
 
 
 #: Whether one-layer models on the shared layout in float32 run the fused loss kernel
-#: (``gla_forget_native.readout_mse_shared``: loss and gradients in one pass, nothing per prompt written) instead
+#: (``gla_forget.readout_mse_shared``: loss and gradients in one pass, nothing per prompt written) instead
 #: of the read-out kernel ``readout_grid_shared`` and XLA's contractions of its residuals (its naive twin; equal to
 #: float32 rounding, not bit for bit). On 28 Nov 2026, alternated twice in one process at drift.fig1's paper
 #: settings: loss and gradient 0.122-0.143 → 0.048-0.054 s, the whole step 0.195-0.210 → 0.135-0.147 s.
@@ -217,7 +201,7 @@ FUSED_READOUT = True
 
 
 class SharedTokens(NamedTuple):
-    """A batch's tokens in the compiled sampler's shared layout (``tasks.drift_native.sample_shared_batch``):
+    """A batch's tokens in the compiled sampler's shared layout (``tasks.drift.sample_shared_batch``):
     z_gbt = (x_bt, y_gbt), the inputs shared by the G rows.
 
     Attributes:
@@ -234,12 +218,12 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
     Members of row g share the prompts of γ_g: the loss is vmapped over the G rows with the batch mapped, then
     over the K members of a row with the batch shared. One-layer models are read out at the query: by XLA
     (``kernel = "xla"``: ``gla_forget.gla_readout`` vmapped) or by the compiled kernel
-    ``gla_forget_native.readout_grid`` over the whole (G, K) grid at once (``"native"``; on a batch of
+    ``gla_forget.readout_grid`` over the whole (G, K) grid at once (``"native"``; on a batch of
     ``SharedTokens``, ``readout_grid_shared``, which train_groups draws where every group is one-layer and both
     sampler and kernel are native; in float32 the fused loss kernel ``readout_mse_shared`` unless ``fused`` (default
     ``FUSED_READOUT``) is False). An L-layer model's full
     layers run in ``form`` (default: ``parallel`` for xla); with kernel ``native`` (and form None or ``native``)
-    each L-layer model's whole loss and gradient is one host call, ``gla_forget_native.multilayer_mse`` (the
+    each L-layer model's whole loss and gradient is one host call, ``gla_forget.multilayer_mse_native`` (the
     layer and read-out kernels, no (B, T, D) tokens crossing between XLA and the host per layer); kernel xla with
     form ``native`` runs each full layer by its kernel from XLA. All are equal to float rounding (tests compare
     them).
@@ -250,15 +234,15 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
             WV, WKQ = jax.vmap(jax.vmap(gla.merged_weights))(params)  # (G, K, d+1, d+1) each
             lam = _forget_factors(params, settings)
             if isinstance(Z, SharedTokens) and (FUSED_READOUT if fused is None else fused) and Z.y.dtype == jnp.float32:
-                return readout_mse_shared(Z.x, Z.y, y, WV[..., -1, :], WKQ, lam)
+                return gla.readout_mse_shared(Z.x, Z.y, y, WV[..., -1, :], WKQ, lam)
             if isinstance(Z, SharedTokens):
                 zq = jnp.concatenate([jnp.broadcast_to(Z.x[:, -1, :], Z.y.shape[:2] + Z.x.shape[-1:]),
                                       Z.y[:, :, -1:]], axis=-1)  # (G, B, d+1) query tokens
                 c = jnp.einsum("gbe,gkfe->gkbf", zq, WKQ)  # c = W^KQ z_q per prompt
-                yhat = readout_grid_shared(Z.x, Z.y, WV[..., -1, :], c, lam)
+                yhat = gla.readout_grid_shared(Z.x, Z.y, WV[..., -1, :], c, lam)
             else:
                 c = jnp.einsum("gbe,gkfe->gkbf", Z[:, :, -1, :], WKQ)
-                yhat = readout_grid(Z, WV[..., -1, :], c, lam)
+                yhat = gla.readout_grid(Z, WV[..., -1, :], c, lam)
             return jnp.mean((yhat - y[:, None, :]) ** 2, axis=-1)
         return native
     if layers is not None and kernel == "native" and form in (None, "native"):
@@ -266,7 +250,7 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
             Z, y = batch
 
             def row(p, Z_g, y_g, lam):
-                return jax.vmap(lambda q, l: multilayer_mse(q, Z_g, y_g, l))(p, lam)
+                return jax.vmap(lambda q, l: gla.multilayer_mse_native(q, Z_g, y_g, l))(p, lam)
 
             return jax.vmap(row)(params, Z, y, _forget_factors(params, settings))
         return fused
@@ -285,7 +269,8 @@ def _group_mse(layers: int | None, form: gla.Form | None = None, kernel: Kernel 
 
 
 def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, eval_set=None,
-                 record_params: bool = False, reporter=None, label: str = "train"):
+                 record_params: bool = False, reporter=None, label: str = "train", kernel: Kernel | None = None,
+                 sampler: Kernel | None = None, normals: str = NORMALS):
     """Trains every model of every group jointly (``iclab.engines.train_members``), every seed at once.
 
     All models of a seed see the same batch at every step (common random numbers); their losses are
@@ -304,11 +289,15 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
             recorded (metric ``eval``: dict name -> (S, T, G, K)), in the training dtype.
         record_params: record the params at every record (``Trajectory.params``: name -> (S, T, G, K, ...)).
         reporter: progress reporter; the loop is one task named ``label``.
+        kernel, sampler: how the models and the batches compute, ``xla`` or ``native`` (None: the run's backend,
+            :func:`iclab.engines.backend`; apart, they let a test compare two kernels on the same batches).
+        normals: the compiled sampler's normals (``tasks.drift.NORMALS``).
     Returns:
         (Trajectory, dict name -> final params with leading (S, G, K) axes, as float64). The Trajectory's
         ``loss`` is the sum of all models' batch losses.
     """
     dt = config.jnp_dtype()
+    kernel, sampler = kernel or backend(), sampler or backend()
     gammas = jnp.asarray(gammas, dt)
     G = gammas.shape[0]
     Lam = jnp.asarray(config.Lam(), dt)
@@ -324,22 +313,21 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
         if ids.shape != lams.shape:
             raise ValueError(f"a group's ids must have the shape of its lams {lams.shape} (got {ids.shape})")
         members[name] = Members(init=functools.partial(_init_member, config, grp.layers, dt),
-                                loss=_group_mse(grp.layers, kernel=config.kernel), ids=ids,
+                                loss=_group_mse(grp.layers, kernel=kernel), ids=ids,
                                 settings=settings)
         first = max(first, int(ids.max()) + 1)
 
     # one-layer models on native kernels read the tokens in the shared layout (inputs once, not once per γ)
-    shared = (config.sampler == "native" and config.kernel == "native"
-              and all(grp.layers is None for grp in groups.values()))
+    shared = sampler == "native" and kernel == "native" and all(grp.layers is None for grp in groups.values())
 
     def sampler(key, aux):
         if shared:
             X, Y, y = sample_shared_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt,
-                                          normals=config.normals)
+                                          normals=normals)
             return SharedTokens(X, Y), y
-        if config.sampler == "native":
+        if sampler == "native":
             return sample_training_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt,
-                                         normals=config.normals)
+                                         normals=normals)
         pr = sample_drift_prompts(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt)
         return tokens(pr), pr.target
 
@@ -410,7 +398,7 @@ def training_memory(config: TrainConfig, *, G: int, models: int, deep_layers: in
     terms = [(S * prompt_bytes(G=G, B=B, T=T, d=d, item=item),
               f"the {G}×{B}×{T}×{d + 1} token batch of {S} seed(s)"),
              (6.0 * item * S * models * B * T, f"the read-out residuals of {models} model(s) × {S} seed(s)")]
-    if deep_layers and config.kernel == "native":  # the recurrent form's kernels: a (d+1)² state per prompt
+    if deep_layers and backend() == "native":  # the recurrent form's kernels: a (d+1)² state per prompt
         terms.append((2.0 * item * S * deep_layers * B * (4 * T * (d + 1) + (d + 1) ** 2),
                       f"the activations of {deep_layers} full layer(s) × {B} prompts × {S} seed(s)"))
     elif deep_layers:
@@ -444,12 +432,12 @@ def evaluation_memory(*, n: int, T: int, d: int, models: int, deep: bool = False
 def eval_prompts(config: TaskConfig, key, N: int, gamma, m: int | None = None):
     """N float64 evaluation prompts of length m (default n) at γ (scalar or (G,)): (Z, y), Z (*G, N, m+1, d+1).
 
-    Drawn by the configuration's ``sampler`` (``TrainConfig``; xla where it has none): the compiled sampler draws
-    drift.baselines' 20 000 evaluation prompts in ≈ 0.1 s against ≈ 1 s for XLA's."""
+    A training config's (``TrainConfig``) are drawn as its training batches are: by the compiled sampler under the
+    native backend (drift.baselines' 20 000 evaluation prompts in ≈ 0.1 s against ≈ 1 s for XLA's), else by XLA."""
     gamma = jnp.asarray(gamma, jnp.float64)
     args = (key, jnp.asarray(config.Lam()), config.n if m is None else m, N, gamma, config.sigma_w2, config.sigma_e2)
-    if getattr(config, "sampler", "xla") == "native":
-        return _draw_native(*args, normals=config.normals)
+    if isinstance(config, TrainConfig) and backend() == "native":
+        return _draw_native(*args, normals=NORMALS)
     return _draw(*args)
 
 

@@ -14,7 +14,9 @@ from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
+from iclab.engines import backend
 from iclab.experiments.drift._common import (
+    NORMALS,
     PAPER,
     PAPER_GAMMAS,
     TrainConfig,
@@ -29,7 +31,7 @@ from iclab.experiments.drift._common import (
 from iclab.experiments._memory import FLOAT64, largest, total
 from iclab.progress import task
 from iclab.tasks.drift import sample_drift_prompts
-from iclab.tasks.drift_native import sample_shared_batch
+from iclab.tasks.drift import sample_shared_batch
 from iclab.theory import drift as theory
 
 REL_TOL = 0.03  # trained GLA vs Theorem 2, as in drift.fig1
@@ -61,8 +63,8 @@ def _chunk_streams(key, Lam, gammas, sigma_w2, sigma_e2, *, length, chunk, sampl
     """``chunk`` filtered sequences of ``length`` steps of every process γ_g, the inputs shared (common random
     numbers): x (chunk, length, d), y (G, chunk, length).
 
-    From the training's sampler (``TrainConfig.sampler``): ``native`` draws them with the compiled sampler's shared
-    layout (its last label is the target y_{n+1}) with ``TrainConfig.normals``, ``xla`` with ``sample_drift_prompts``."""
+    As the training batches are drawn (the backend): ``native`` draws them with the compiled sampler's shared
+    layout (its last label is the target y_{n+1}), ``xla`` with ``sample_drift_prompts``."""
     if sampler == "native":
         X, Y, target = sample_shared_batch(key, chunk, gamma=gammas, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=length - 1,
                                            Lam=Lam, dtype=Lam.dtype, normals=normals)
@@ -83,18 +85,19 @@ def _xla_tail_errors(x, y, mu, beta, delta, *, window):
     return jax.lax.map(errors, y)
 
 
-def _filter_errors(config: BaselinesConfig, key) -> dict:
+def _filter_errors(config: BaselinesConfig, key, *, kernel=None, sampler=None, normals: str = NORMALS) -> dict:
     """Mean a-priori error of LMS and RLS over the last `window` steps at every γ, and its standard error over
-    trials: dict of (G,) arrays. The filters run by ``config.kernel``: ``native``, the compiled kernel
-    ``baselines.filter_tail_errors``; ``xla``, ``theory.drift``'s scans (equal to float rounding, tested)."""
+    trials: dict of (G,) arrays. The filters run by the backend's form (``kernel``; None: the run's backend):
+    ``native``, the compiled kernel ``baselines.filter_tail_errors``; ``xla``, ``theory.drift``'s scans (equal to
+    float rounding, tested). The sequences are drawn by ``sampler`` (None: the backend) with ``normals``."""
+    native = (kernel or backend()) == "native"
     Lam = jnp.asarray(config.Lam())
     gammas = jnp.asarray(config.gammas, Lam.dtype)
     per_trial = {"lms": [], "rls": []}
     for c in range(-(-config.trials // config.chunk)):
         x, y = _chunk_streams(jax.random.fold_in(key, c), Lam, gammas, config.sigma_w2, config.sigma_e2,
-                              length=config.length, chunk=config.chunk, sampler=config.sampler,
-                              normals=config.normals)
-        if config.kernel == "native":
+                              length=config.length, chunk=config.chunk, sampler=sampler or backend(), normals=normals)
+        if native:
             lms, rls = filter_tail_errors(x, y, mu=config.lms_mu, beta=config.rls_beta, delta=config.rls_delta,
                                           window=config.window)
         else:
@@ -235,7 +238,7 @@ register(
         presets={
             "quick": {"trials": 500, "chunk": 500, "batch": 250, "steps": 200, "lr_schedule": "cosine",
                       "parametrisation": "restricted", "init_std": 0.03, "n_eval": 3000},
-            "paper": {"kernel": "native", "sampler": "native", "normals": "box_muller"},
+            "paper": {},
         },
         run=run_baselines,
         checks=checks_baselines,
@@ -270,7 +273,7 @@ register(
                           "ziggurat; ≈ 0.053 s per training step, 0.041 s of it the sampler; rerun 28 Nov, 11:05, with the host "
                           "calls through iclab's FFI handler: 211 s, the same check values, on a VM that ran 27 Nov's sampler "
                           "2.5-2.9x slower than that day; rerun 28 Nov, 13:32, with the fused "
-                          "loss kernel (gla_forget_native.readout_mse_shared): 201 s on the same slow VM, every check value "
+                          "loss kernel (gla_forget.readout_mse_shared): 201 s on the same slow VM, every check value "
                           "equal to the 211-s run's to 1e-6 relative; rerun 28 Nov, 17:16, with that kernel's token chunks: "
                           "193 s, its 14 stored arrays bit for bit the 201-s run's). 5/7 checks: with these draws the "
                           "γ = 0.8 model rests on the rank-one saddle (12.6 % above Theorem 2, route share 0.991; the saddle "

@@ -423,7 +423,7 @@ register(
             "quick": {"lams": _grid(0.6, 1.0, 9), "lam_bars": _grid(0.6, 1.0, 17), "batch": 250, "steps": 600,
                       "lr_schedule": "cosine", "parametrisation": "restricted", "init_std": 0.03, "n_eval": 3000, "record_every": 50,
                       "theta_lr_factor": 10.0},
-            "paper": {"kernel": "native", "sampler": "native", "normals": "box_muller"},
+            "paper": {},
         },
         run=run_fig1,
         checks=checks_fig1,
@@ -488,7 +488,7 @@ register(
                           "evaluation prompts from the compiled sampler too; ≈ 0.11 s per step; rerun 28 Nov, 10:58, with "
                           "the host calls through iclab's FFI handler: 405 s, the same check values, on a slow VM: 27 Nov "
                           "16:00's code drew the batch in 84-96 ms beside it against 32-34 ms that day; rerun 28 Nov, 13:27, with the fused "
-                          "loss kernel (gla_forget_native.readout_mse_shared: loss and gradients in one pass, ≈ 0.14 s per "
+                          "loss kernel (ops.decayed_attention.forget.readout_mse_shared: loss and gradients in one pass, ≈ 0.14 s per "
                           "step against ≈ 0.20 s beside it): 306 s on the same slow VM, every check value equal to the 405-s "
                           "run's to 1e-7 relative, float32 rounding over 2000 steps; rerun 28 Nov, 17:06, with that "
                           "kernel's passes run 32 tokens at a time for all models of a row: 243 s, its 39 stored arrays bit "

@@ -445,7 +445,7 @@ register(
             "quick": {"depths": [1, 2], "lams": [0.85, 0.95], "batch": 250, "steps": 200, "lr": 2e-2, "lr_schedule": "cosine",
                       "parametrisation": "restricted", "init_std": 0.03, "n_eval": 1000, "n_record": 500,
                       "record_every": 25},
-            "paper": {"record_every": 20, "kernel": "native", "sampler": "native"},
+            "paper": {"record_every": 20},
         },
         run=run_fig2,
         checks=checks_fig2,
@@ -477,7 +477,7 @@ register(
                           "slower than on 27 Nov, so the wall time does not isolate the kernels; rerun 28 Nov, 10:39, with "
                           "the host calls through iclab's FFI handler (operands in place): 890 s on a slow VM, the 28 stored "
                           "arrays bit for bit those of 01:24; 27 Nov: the full layers as LLVM "
-                          "IR kernels (models._layer_ir) on the blocked layout, a first layer's backward without the token "
+                          "IR kernels (ops.decayed_attention._layer_ir) on the blocked layout, a first layer's backward without the token "
                           "cotangent, no λ̄ for a fixed λ, each group's models in one host call, the kernels' thread pool "
                           "kept; `iclab bench drift`: 0.36 s per step); 6/9 checks, every failure named by the checks' notes from the stored results. The "
                           "1-layer models' numbers are those of the runs before (their kernel did not change): the model at "
@@ -492,7 +492,7 @@ register(
                           "3 layers 45-46 % above, 2 layers at λ = 1 5.4 %). The deep models that converged are below the "
                           "1-layer optimum, as the paper says (2 layers at λ ≤ 0.95: 3.7-11.9 % below in train, 3.6-12.5 % in "
                           "test; 3 layers at λ = 0.9: 6.9 % below). Before: 897 s (14:15, the same bits, threads started per kernel "
-                          "call); 1197 s (20 min; 11:52, numba's layer kernels on "
+                          "call); 1197 s (20 min; 11:52, the compiled layer kernels on "
                           "the blocked layout, 0.49-0.55 s per step) and 1772 s (30 min; 08:48, the kernels transposing each "
                           "block, 0.83 s per step), 6/9 with the same 1-layer failure and the same kinds of unsettled deep "
                           "models; 2168 s (05:41, 128-layer ziggurat, evaluation prompts from XLA; its 28 stored arrays bit for "

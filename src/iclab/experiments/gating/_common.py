@@ -16,7 +16,7 @@ id_m a function of (kind, panel, restart, n̄) only (:func:`member_id`), so a su
 alone follows the same trajectory. Two layouts of the n̄ axis give the same models: ``separate`` builds
 one token tensor per n̄; ``padded`` one tensor at the largest n̄, vmapped over n̄ with a token mask per n̄
 (masked tokens contribute nothing and gate 1, so a model sees exactly its shorter prompt). The compiled
-kernels (``kernel = native``) read one tensor at the largest n̄, each n̄ at its own token positions; and as the
+kernels (the ``native`` backend, a run option: :func:`iclab.engines.backend`) read one tensor at the largest n̄, each n̄ at its own token positions; and as the
 panels' factors share the rows of the context tasks β_1..β_K (only the query's task depends on (r₁, r₂)), every
 panel has the same tokens: the sampler then draws one token tensor that every panel's models read, each
 compared with its own panel's targets.
@@ -48,17 +48,16 @@ import optax
 from pydantic import field_validator
 
 from iclab import baselines
-from iclab.engines import Members, population, seed_keys, train_members
+from iclab.engines import Members, backend, population, seed_keys, train_members
 from iclab.engines.joint import member_keys
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import ExperimentConfig, TrainingConfig, param
 from iclab.experiments._memory import FLOAT64, Term, itemsize, records, total
 from iclab.experiments._plot import COLORS
 from iclab.models import get_model, model_families
-from iclab.models import _blocked, gla, gla_native
+from iclab.models import gla
 from iclab.progress import task
 from iclab.tasks import multitask as mt
-from iclab.tasks import multitask_native
 from iclab.tasks import standard_normal
 from iclab.theory import wpgd as theory
 
@@ -166,16 +165,10 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "separate", "how the models of different n̄ see their prompts: one token tensor per n̄ (arithmetic Σ_n̄ "
         "T(n̄), a traced graph per n̄), or one tensor at the largest n̄ with token masks, vmapped over n̄ "
         "(arithmetic G·T(n̄_max), one small graph); both give the same models", paper=None,
-        paper_note="implementation choice: 'separate' in both presets (with kernel 'native', the paper presets' "
-        "training reads each n̄ at its own length anyway and the layout only shapes the evaluation); in XLA on the "
+        paper_note="implementation choice: 'separate' in both presets (with the native backend, training reads "
+        "each n̄ at its own length anyway and the layout only shapes the evaluation); in XLA on the "
         "10-value paper grid it trained gating.fig1's models at 2.32 s per Adam step against 7.57 s padded "
         "(measured on the idle 2-core machine, 25 Nov 2026); 'padded' traces one graph whatever the grid's length")
-    kernel: Literal["xla", "native"] = param(
-        "xla", "how the models' training loss and gradient are computed: xla (autodiff of the gla forms, in "
-        "nbar_layout) or native (compiled CPU kernels, models.gla_native: every n̄ read at its own length from one "
-        "token tensor drawn at the largest n̄; equal to float rounding)", paper=None,
-        paper_note="implementation choice; the paper presets use native (one-layer families by the query-only "
-        "loss kernel gla_native.query_mse_grid, gla_multilayer by gla_native.multilayer_mse_grid)")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",
@@ -393,7 +386,7 @@ NATIVE_FAMILIES = ("linatt", "gla", "gla_wo", "gla_vector")
 
 def native_positions(n_max: int, n_bars: Sequence[int], delimiters: bool) -> tuple[np.ndarray, np.ndarray]:
     """Token positions of each n̄'s prompt inside the prompt drawn at n_max (the last n̄ samples of each block,
-    the delimiters, the query): ``gla_native.subsequence_positions`` of the native kernel. Returns
+    the delimiters, the query): ``gla.subsequence_positions`` of the native kernel. Returns
     ((G, T_max), (G,))."""
     data_pos, delim_pos = gla.token_layout([n_max] * K, delimiters)
     T = K * n_max + (K if delimiters else 0) + 1
@@ -401,7 +394,7 @@ def native_positions(n_max: int, n_bars: Sequence[int], delimiters: bool) -> tup
     for nb in n_bars:
         kept = data_pos[mt.padding_mask([n_max] * K, [nb] * K) > 0]
         keep.append(np.sort(np.concatenate([kept, delim_pos, [T - 1]])))
-    return gla_native.subsequence_positions(keep)
+    return gla.subsequence_positions(keep)
 
 
 def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Members:
@@ -417,21 +410,21 @@ def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Memb
         params = family.init(key, D=D, std=config.init_std, dtype=dt, **kind.options)
         return add_identity(params, config.init_identity, d)
 
-    if config.kernel == "native":
+    if backend() == "native":
         positions, lengths = native_positions(n_max, config.n_bars, fmt == "delim")
         if kind.family in NATIVE_FAMILIES:
             def native_loss(params, batch, settings):  # one token tensor at n_max per format, (P, B, T_max, D)
-                return gla_native.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
+                return gla.query_mse_grid(params, batch["tokens"][fmt], batch["y"], positions=positions,
                                                  lengths=lengths, rows=kind.panels, label=d)
         elif kind.family == "gla_multilayer":
             def native_loss(params, batch, settings):  # each model's whole loss in the host call
                 blocked = fmt + "_blocked" in batch["tokens"]  # the prompts drawn on the kernels' layout
-                return gla_native.multilayer_mse_grid(params, batch["tokens"][fmt + "_blocked" if blocked else fmt],
+                return gla.multilayer_mse_grid(params, batch["tokens"][fmt + "_blocked" if blocked else fmt],
                                                       batch["y"], positions=positions, lengths=lengths,
                                                       rows=kind.panels, label=d, blocked=blocked)
         else:
-            raise ValueError(f"kernel 'native' trains the one-layer families {', '.join(NATIVE_FAMILIES)} and "
-                             f"gla_multilayer (got {kind.family!r}); use kernel 'xla'")
+            raise ValueError(f"the native backend trains the one-layer families {', '.join(NATIVE_FAMILIES)} and "
+                             f"gla_multilayer (got {kind.family!r}); run with --backend xla")
         return Members(init, native_loss, member_ids(kind, panels, config.n_bars))
 
     def one(params, Z, y, mask=None):
@@ -449,7 +442,7 @@ def _members(config: TrainConfig, kind: Kind, panels, masks, n_max: int) -> Memb
 
 
 #: Whether the native kernel's float32 batches of multi-layer models take their labels and blocked prompts from the
-#: compiled pass of :mod:`iclab.tasks.multitask_native` (gating.fig2's: the same bits as XLA's) instead of XLA's.
+#: compiled pass of :func:`iclab.tasks.multitask.block_tokens` (gating.fig2's: the same bits as XLA's) instead of XLA's.
 NATIVE_TOKENS = True
 
 
@@ -475,7 +468,7 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
     # The panels' context tasks β_1..β_K are the same rows of L (only the query's task correlates with them,
     # App B.1), so their tokens are the same: the native kernel reads one token tensor for every panel, the panels
     # differing only in the targets (a quarter of gating.fig1's token writes and reads).
-    one_token_row = config.kernel == "native" and bool(np.all(L[:, :K] == L[:1, :K]))
+    one_token_row = backend() == "native" and bool(np.all(L[:, :K] == L[:1, :K]))
     need = {_fmt(kind.family) for kind in kinds.values()}
     sigma = float(np.sqrt(config.sigma2))
     padded = config.nbar_layout == "padded"
@@ -486,21 +479,21 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
     # one compiled pass over the draw, on the layer kernels' blocked layout (read without a copy). The one-layer
     # families keep XLA's batch: the labels' sums there are XLA's FMAs in sequence (its fusion differs), not the
     # kernel's lanes, and the stored results are those bits.
-    block = _blocked.LANES if (NATIVE_TOKENS and config.kernel == "native" and dt == jnp.float32 and need == {"delim"}
+    block = gla.LANES if (NATIVE_TOKENS and backend() == "native" and dt == jnp.float32 and need == {"delim"}
                                and all(kind.family == "gla_multilayer" for kind in kinds.values())) else 0
 
     def sampler(key, aux):
         if block:
             w = mt.block_draw(key, config.batch, [n_max] * K, d, dt)
-            G = multitask_native.task_normals(w, K, d)  # (w's one reader: XLA draws it in one pass)
+            G = mt.task_normals(w, K, d)  # (w's one reader: XLA draws it in one pass)
             tasks = jax.vmap(lambda L: mt.block_tasks(G, L, K, d))(factors)
-            tokens, y_query = multitask_native.block_tokens(
+            tokens, y_query = mt.block_tokens(
                 w, tasks, aux["contexts"], n_max=n_max, sigma=sigma, query_context=config.qc(), formats=tuple(need),
                 token_rows=1 if one_token_row else None, block=block)
             return {"tokens": {"delim_blocked": tokens["delim"]}, "y": y_query}
         # one key for every panel: the panels share x and the task normals G
         pr = jax.vmap(lambda L: mt.sample_blocks(key, config.batch, [n_max] * K, L, None, sigma, d=d, dtype=dt))(factors)
-        if padded or config.kernel == "native":  # one token tensor at n̄_max; smaller n̄ mask or skip samples
+        if padded or backend() == "native":  # one token tensor at n̄_max; smaller n̄ mask or skip samples
             cut = pr._replace(y=pr.y[:1]) if one_token_row else pr
             return {"tokens": _shared_tokens(cut, aux["contexts"], config, need), "y": pr.y_query}
         # one token tensor per n̄ (the cost is Σ_n̄ T(n̄), not G·T(n̄_max))
@@ -508,14 +501,14 @@ def training_setup(config: TrainConfig, kinds: dict[str, Kind], panels, n_max: i
 
     groups = {name: _members(config, kind, panels, masks, n_max) for name, kind in kinds.items()}
     deep = [name for name, kind in kinds.items() if kind.family == "gla_multilayer" and _fmt(kind.family) == "delim"]
-    if JOINT_GRIDS and config.kernel == "native" and len(deep) > 1:
+    if JOINT_GRIDS and backend() == "native" and len(deep) > 1:
         # the multi-layer grids (one per depth) in one host call: one queue of models on the threads
         positions, lengths = native_positions(n_max, config.n_bars, True)
 
         def joint(params, batch, settings):
             blocked = "delim_blocked" in batch["tokens"]
             grids = [(params[name], positions, lengths, kinds[name].panels) for name in params]
-            losses = gla_native.multilayer_mse_grids(grids, batch["tokens"]["delim_blocked" if blocked else "delim"],
+            losses = gla.multilayer_mse_grids(grids, batch["tokens"]["delim_blocked" if blocked else "delim"],
                                                      batch["y"], label=d, blocked=blocked)
             return dict(zip(params, losses))
 
@@ -563,7 +556,7 @@ def _token_floats(config: TaskConfig, kind: Kind, n_bar: int, native: bool = Fal
     loss and gradient together: nothing per prompt for one layer, a few (T, D) activations per full layer."""
     T, D = prompt_tokens(kind.family, n_bar), token_width(kind.family, config.d, config.p)
     layers = kind.options.get("layers", 1)
-    if native:  # one-layer models: nothing per prompt (gla_native.query_mse_grid)
+    if native:  # one-layer models: nothing per prompt (gla.query_mse_grid)
         return 4 * T * D * (layers - 1)
     per_layer = 8 * T * D + (T * D * D if kind.family == "gla_vector" else 0)
     return per_layer + (layers - 1) * (per_layer + 2 * T * T)
@@ -578,13 +571,13 @@ def training_memory(config: TrainConfig, kinds: dict[str, Kind], n_panels: int) 
     """
     S, B, item = config.seeds, config.batch, itemsize(config.dtype)
     n_bars, n_max = config.n_bars, max(config.n_bars)
-    one_draw = config.nbar_layout == "padded" or config.kernel == "native"
+    one_draw = config.nbar_layout == "padded" or backend() == "native"
     tokens = 0.0
     for family in {kind.family for kind in kinds.values()}:
         D = token_width(family, config.d, config.p)
         T = [prompt_tokens(family, n_max)] if one_draw else [prompt_tokens(family, nb) for nb in n_bars]
         tokens += 2.0 * n_panels * B * D * sum(T)
-    native = config.kernel == "native"
+    native = backend() == "native"
     models = sum(len(kind.panels) * _token_floats(config, kind, n_max if one_draw else nb, native)
                  for kind in kinds.values() for nb in n_bars)
     return total([(item * S * tokens, f"the token batches of {n_panels} panel(s) × {B} prompts × {S} seed(s)"),

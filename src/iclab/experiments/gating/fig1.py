@@ -483,11 +483,11 @@ register(
         presets={
             "quick": {"d": 5, "p": 5, "n_bars": [0, 2, 5, 10], "vector_panels": ["d"], "restarts": 3, "steps": 1000,
                       "lr": 0.01, "lr_schedule": "cosine", "seeds": 2, "n_eval": 4096, "restricted_steps": 800,
-                      "record_every": 100, "kernel": "native"},
-            "paper": {"seeds": 10, "kernel": "native"},
+                      "record_every": 100},
+            "paper": {"seeds": 10},
         },
         runtime={"quick": "35 s on the idle 2-core machine with the float32 kernels as LLVM IR (27 Nov 2026, 19:00, "
-                          "15/15); 42.5 s with numba's kernels loaded from the kernel cache (iclab._numba), 61.3 s on a "
+                          "15/15); 42.5 s with the compiled kernels loaded from the kernel cache, 61.3 s on a "
                           "machine's first run, which compiles them (measured 27 Nov 2026, 15/15 both); with "
                           "kernel = xla (the quick preset before 27 Nov) 74 s that day, 93-110 s on 25 Nov, of "
                           "which 52 s XLA compilation",
@@ -495,9 +495,9 @@ register(
                           "≈ 0.27 s per Adam step in `iclab bench gating`); 16/16 checks, the same worst gaps to "
                           "theory (the same bits as before this change: tested on the quick presets and on paper-scale "
                           "steps). Before: 3794 s (63 min; run 27 Nov 2026, 17:55, on the idle 2-core machine with every float32 "
-                          "kernel as LLVM IR (iclab.models._layer_ir), ≈ 0.33 s per Adam step in the run, 0.28-0.31 s "
+                          "kernel as LLVM IR (iclab.ops.decayed_attention._layer_ir), ≈ 0.33 s per Adam step in the run, 0.28-0.31 s "
                           "in `iclab bench gating`); 16/16 checks, the same worst gaps as the run before. That run: "
-                          "9913 s (2.75 h; 26 Nov 2026 with numba's kernels, kernel = native, while "
+                          "9913 s (2.75 h; 26 Nov 2026 with the earlier compiled kernels, the native backend, while "
                           "drift.fig2's paper preset and short tests shared the two cores for over an hour of it; idle, "
                           "`iclab bench gating` gave 0.82 s per Adam step, ≈ 2.3 h for the 10 000 steps, and "
                           "evaluation, restricted models and baselines take ≈ 6 min); 16/16 checks. 1600 jointly "

@@ -205,7 +205,7 @@ register(
         presets={
             "quick": {"d": 5, "p": 5, "n_bars": [0, 4, 8], "steps": 700, "lr": 0.01, "lr_schedule": "cosine",
                       "seeds": 2, "n_eval": 4096, "record_every": 100},
-            "paper": {"seeds": 10, "kernel": "native"},
+            "paper": {"seeds": 10},
         },
         runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
                  "paper": "3224 s (54 min) on a slower 2-core host, the whole grid jointly (1 Dec 2026, 20:24-21:18, "

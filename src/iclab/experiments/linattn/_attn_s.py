@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg
-from iclab.engines.linreg import LinregTraining, MomentsBackend
+from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import drop_intervals, first_rise
 from iclab.experiments._config import param
 from iclab.experiments._memory import records, total
@@ -49,9 +49,6 @@ class AttnSConfig(CovarianceConfig):
     P: int = param(80_000, "training prompts of the moments engine", paper=80_000,
                    paper_note="the notebook's Fig 3 runs (…_P80000_…); reference README default: 5000",
                    ge=1, le=1_000_000)
-    moments_backend: MomentsBackend = param(
-        "xla", "how the moments engine runs its steps: XLA (xla) or the compiled numba kernel (native, faster "
-        "per step on a CPU); the same trajectory to rounding")
     population_beside: bool = param(True, "also run population GD (exact expected loss) from the same init")
     record_every: int = param(5, "record the trajectory every this many steps", ge=1, le=1_000_000)
 
@@ -61,11 +58,11 @@ class AttnSConfig(CovarianceConfig):
 
     def training(self, R: int, engine: str) -> LinregTraining:
         """ATTN_S of rank R with H heads by one engine: full-batch GD on P prompts (moments, on the
-        configured backend) or GD on the exact expected loss (population), weights recorded."""
+        run's backend) or GD on the exact expected loss (population), weights recorded."""
         moments = engine == "moments"
         return training_spec(model="attn_s", engine=engine, H=self.H, R=R, w_init=self.w_init, lr=self.lr,
                              steps=self.steps, record_every=self.record_every, P=self.P if moments else None,
-                             backend=self.moments_backend if moments else "xla", record_params=True)
+                             backend="auto" if moments else "xla", record_params=True)
 
     def engines_run(self) -> list[tuple[str, str]]:
         """(array prefix, engine) of each run: the main engine, and population GD beside it."""

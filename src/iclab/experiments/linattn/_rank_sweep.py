@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg, moments
-from iclab.engines.linreg import LinregTraining, MomentsBackend, Statistics
+from iclab.engines.linreg import LinregTraining, Statistics
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
 from iclab.experiments._config import param
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
@@ -61,9 +61,6 @@ class RankSweepConfig(CovarianceConfig):
         "numbers per prompt)",
     )
     record_every: int = param(20, "record the trajectory every this many steps", ge=1, le=1_000_000)
-    moments_backend: MomentsBackend = param(
-        "xla", "how the moments engine runs its steps: XLA (xla) or the compiled numba kernel (native, faster "
-        "per step on a CPU); the same trajectory to rounding")
 
     @field_validator("ranks")
     @classmethod
@@ -86,7 +83,7 @@ class RankSweepConfig(CovarianceConfig):
         """ATTN_S of rank R: full-batch GD on the P prompts (moments engine, long-run unrolled loop)."""
         return training_spec(model="attn_s", engine="moments", H=self.H, R=R, w_init=self.w_init, lr=self.lr,
                              steps=self.steps, record_every=self.record_every, P=self.P,
-                             backend=self.moments_backend, unroll=moments.LONG_RUN_UNROLL)
+                             unroll=moments.LONG_RUN_UNROLL)
 
 
 def run_rank_sweep(config: RankSweepConfig, reporter) -> dict:
@@ -271,9 +268,9 @@ NOTES = [
     "Engine: the moments engine (exact full-batch GD from the sufficient statistics of the P prompts; per step "
     "independent of P and N). statistics = direct draws each prompt's (β, x_q, y_q) from their exact joint law "
     "(tasks.linreg.sample_query_moments), which is all the reduced model reads; `--set statistics=prompts` uses "
-    "the prompts of the other engines instead (same law, slower). `--set moments_backend=native` runs the steps in "
-    "the compiled kernel of iclab.engines.moments_native (faster per step on a CPU; the same trajectories to "
-    "rounding).",
+    "the prompts of the other engines instead (same law, slower). With the native backend (the default on a CPU) the "
+    "steps run in the compiled kernel of iclab.engines.moments_native (faster per step on a CPU; the same "
+    "trajectories to rounding as `--backend xla`).",
     "Init (unspecified in the paper): the reference --init 5e-3 maps to eq 36 with w_init ≈ 0.05 (v std and k·q "
     "scale, weights × N^{1/3}). With λ_d ∝ 1/d the last plateau lasts ∝ 1/(λ_8² v), and from that init R = 1 "
     "is still in its middle plateaus after 20000 steps. Larger inits shorten every plateau but also let heads that "
