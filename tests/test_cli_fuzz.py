@@ -43,7 +43,7 @@ VALID = {"w_init": st.floats(1e-7, 1.0).map(repr), "lr": st.floats(1e-4, 1.0).ma
 valid_key = st.sampled_from(sorted(VALID))
 valid_assignment = valid_key.flatmap(lambda k: VALID[k].map(lambda v: f"{k}={v}"))
 valid_grid = valid_key.flatmap(lambda k: st.lists(VALID[k], min_size=1, max_size=3).map(lambda vs: f"{k}={','.join(vs)}"))
-# Non-finite numbers and booleans given for numeric fields: always rejected (issue 19).
+# Non-finite numbers and booleans given for numeric fields: always rejected.
 NUMERIC = sorted(k for k in VALID if k not in ("population_method", "rotate"))
 bad_numbers = st.tuples(st.sampled_from(NUMERIC + ["eigenvalues"]),
                         st.sampled_from(["NaN", "Infinity", "-Infinity", "true", "false", "[0.4,NaN,0.2,0.1]",

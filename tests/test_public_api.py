@@ -9,7 +9,7 @@ import pytest
 
 import iclab
 
-# Packages whose public (non-underscore) modules must declare __all__ (the list, and the
+# Packages whose public (non-underscore) modules must declare __all__ (the public API's packages, and the
 # top-level helpers a notebook uses).
 REQUIRED = ("iclab", "iclab.tasks", "iclab.models", "iclab.engines", "iclab.theory", "iclab.experiments", "iclab.baselines",
             "iclab.experiments.checks", "iclab.results", "iclab.ops", "iclab.errors", "iclab.settings")

@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 
-@pytest.mark.slow  # a Ray head (40 s to start) and a killed worker: about 66 s on 2 cores
+@pytest.mark.slow  # a Ray head (tens of seconds to start) and a killed worker
 def test_sweep_on_ray_equals_the_local_executor_and_survives_a_dead_worker(ray_cluster, fig1_twin, fig1_small,
                                                                             tmp_path):
     cluster = ray_cluster

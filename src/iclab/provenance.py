@@ -62,7 +62,7 @@ def _digest_of(path: str, mtime_ns: int, size: int) -> str:
 
 
 #: An import statement at the start of a line (inside functions too): ``from M import N`` (names possibly in
-#: parentheses over several lines) or ``import M``. A text scan, not a parse: 25x faster than ``ast`` over the
+#: parentheses over several lines) or ``import M``. A text scan, not a parse: much faster than ``ast`` over the
 #: package, and an import-like line inside a docstring only adds a file (a key that changes too often,
 #: never one that misses a change).
 _IMPORT = re.compile(rb"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]+))",

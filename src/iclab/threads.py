@@ -1,11 +1,11 @@
 """How many threads a process of iclab's computes with, so that runs sharing a CPU do not oversubscribe it.
 
-Every numerical runtime iclab uses starts a pool of one thread per core by default: XLA's CPU client
-(its intra-op and client pools, sized by ``PJRT_NPROC``), OpenMP and BLAS (``OMP_NUM_THREADS``,
+Every numerical runtime iclab uses starts a pool of one thread per core by default: XLA's CPU client (its
+intra-op and client pools, sized by ``PJRT_NPROC``), OpenMP and BLAS (``OMP_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ...), PyTorch (``torch.set_num_threads``) and the compiled
-kernels of :mod:`iclab.ops`. When fewer cores are free than threads, their workers
-spin and fight: measured on a 2-core machine beside one CPU-bound process, a quick preset's CPU time
-grew more than tenfold. Sweep workers and Ray tasks multiply this, each with a full pool.
+kernels of :mod:`iclab.ops`. When fewer cores are free than threads, their workers spin and fight: beside one
+CPU-bound process, a quick preset's CPU time can grow tenfold. Sweep workers and Ray tasks multiply this, each
+with a full pool.
 
 BLAS is a special case. iclab's numpy/scipy linear algebra is small (BFGS over a few weights, d × d
 solves): a second BLAS thread only busy-waits for work, and beside a neighbour it takes the neighbour's

@@ -44,13 +44,13 @@ def test_tiny_run_shapes_checks_and_plot(tiny):
     names = [c.name for c in checks]
     assert any(n.startswith("(a) trained GLA error = Theorem 2") for n in names)
     assert any(n.startswith("(b-d) trained test error = Theorem 3") for n in names)
-    assert not any("table" in n for n in names)  # the spec table applies to d = 10, n = 100 only
+    assert not any("table" in n for n in names)  # the reference table applies to d = 10, n = 100 only
     fig = exp.plot(config, r)
     assert len(fig.axes) == 4
 
 
 def _perfect(config, r):
-    """The arrays of a run whose trained models ARE the Theorem 1 optimum (without the issue-22 arrays of the tiny
+    """The arrays of a run whose trained models ARE the Theorem 1 optimum (without the algorithm-match arrays of the tiny
     run's own models: their checks are tested in test_drift_fig1_match.py)."""
     out = {k: v for k, v in r.items() if not k.startswith(("match_", "kalman_"))}
     out["trained_err"] = np.broadcast_to(r["theory_grid"], r["trained_err"].shape).copy()

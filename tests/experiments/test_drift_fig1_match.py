@@ -1,4 +1,4 @@
-"""drift.fig1, issue 22: trained GLA against eq 15's predictor and the Kalman filter on held-out prompts.
+"""drift.fig1, algorithm match: trained GLA against eq 15's predictor and the Kalman filter on held-out prompts.
 
 At Theorem 1's weights the model IS eq 15's predictor (gap 0, cosine 1); away from them the held-out gap is the
 exact excess error (the class is linear in u₋₁U₁₁); the checks pass on consistent arrays and fail when a
@@ -27,7 +27,7 @@ def held_out():
     return config, Z, y
 
 
-@pytest.mark.slow  # ~5-8 s on 2 cores, mostly compiling the vmapped Jacobians
+@pytest.mark.slow  # mostly compiling the vmapped Jacobians
 def test_eq15_match_is_exact_at_theorem_1_and_the_excess_error_away_from_it(held_out):
     config, Z, y = held_out
     lam, gamma = 0.9, 0.95

@@ -9,7 +9,7 @@ import iclab  # noqa: F401  (float64)
 from iclab.experiments import get_experiment
 from iclab.progress import Reporter
 
-# The tiny run still compiles the depth-2 training loop and the gradient flow (~90 s on 2 cores):
+# The tiny run still compiles the depth-2 training loop and the gradient flow (over a minute):
 # it runs under `make test-slow`; the quick preset of drift.fig2 exercises the same path.
 pytestmark = pytest.mark.slow
 

@@ -158,7 +158,7 @@ def test_plot_of_synthetic_results():
     assert len(fig.axes) == 4 and all(ax.get_title() for ax in fig.axes)
 
 
-@pytest.mark.slow  # ~30-60 s on 2 cores, almost all of it XLA compilation of the joint training loop
+@pytest.mark.slow  # almost all of it XLA compilation of the joint training loop
 def test_tiny_run_checks_and_plot():
     # compile time dominates: two kinds, two panels, two n̄
     cfg = fig1.Fig1Config(d=2, p=3, n_bars=[0, 2], panels=["c", "d"], models=["gla", "gla_vector"],
@@ -177,7 +177,7 @@ def test_tiny_run_checks_and_plot():
     assert len(fig.axes) == 2
 
 
-@pytest.mark.slow  # ~20 s on 2 cores, XLA compilation of two training loops
+@pytest.mark.slow  # XLA compilation of two training loops
 def test_native_kernel_trains_the_same_models_as_xla():
     """The native backend (one token tensor at the largest n̄, each n̄ read at its own positions by the compiled loss)
     against the XLA separate layout: the same members, batches and updates, float64, every Fig 1 family, two

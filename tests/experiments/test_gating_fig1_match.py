@@ -1,4 +1,4 @@
-"""gating.fig1, issue 22: the restricted GLA-vector against optimal WPGD on held-out prompts, and the Bayes floor.
+"""gating.fig1, algorithm match: the restricted GLA-vector against optimal WPGD on held-out prompts, and the Bayes floor.
 
 The model side runs the full GLA (``gla.restricted_to_full``) on delimiter tokens and the algorithm runs on plain
 arrays, so a model matched with its OWN WPGD form (``gla.restricted_wpgd``) must give gap 0 and cosine 1: that tests
@@ -23,7 +23,7 @@ from iclab.theory import wpgd as theory
 SMALL = dict(d=3, p=3, n_bars=[0, 2, 4], panels=["a", "c", "d"], vector_panels=["d"], seeds=1)
 
 
-@pytest.mark.slow  # ~5-15 s on 2 cores: compiles the GLA's Jacobians on delimiter tokens
+@pytest.mark.slow  # compiles the GLA's Jacobians on delimiter tokens
 def test_restricted_gla_vector_on_tokens_is_its_own_wpgd_and_the_optimum_has_its_risk():
     config = fig1.Fig1Config(**SMALL)
     contexts = C.sample_contexts(config)[0]
@@ -43,7 +43,7 @@ def test_restricted_gla_vector_on_tokens_is_its_own_wpgd_and_the_optimum_has_its
     assert abs(float(vs_opt["alg_risk"]) - opt.risk) < 4 * float(vs_opt["alg_risk_se"])  # eq 17 by Monte Carlo
 
 
-@pytest.mark.slow  # ~15-35 s on 2 cores: one compilation per n̄
+@pytest.mark.slow  # one compilation per n̄
 def test_restricted_algorithm_match_shapes_and_bayes_risk_closed_form():
     config = fig1.Fig1Config(**SMALL)
     panels = config.panel_values()
@@ -89,7 +89,7 @@ def test_match_checks_pass_on_consistent_arrays_and_fail_when_a_claim_breaks():
     f = failed(match_gla_vector_gap=gap)
     assert len(f) == 1 and "panel c, n̄ = 4" in f[0]
     gap = r["match_gla_vector_gap"].copy()
-    gap[0, 2, 2] = 0.5  # panel d is not matched (the issue's panels a-c)
+    gap[0, 2, 2] = 0.5  # panel d is not matched (MATCH_PANELS: a-c)
     assert failed(match_gla_vector_gap=gap) == []
     cos = r["match_gla_vector_cosine"].copy()
     cos[0, 0, 1] = 0.98

@@ -17,7 +17,7 @@ from iclab.progress import Reporter
 matplotlib.use("Agg")
 
 
-@pytest.mark.slow  # three small joint trainings on 2 cores, mostly XLA compilation
+@pytest.mark.slow  # three small joint trainings, mostly XLA compilation
 def test_a_depth_trained_alone_follows_the_joint_grid_with_per_model_clipping():
     # the 2-layer models trained beside the 1-layer ones = trained alone: ids fix the init, the batch does not
     # depend on which models train, and each model's gradient is clipped by its own norm (a global norm over
@@ -94,7 +94,7 @@ def test_plot_of_synthetic_results(config):
     assert fig.axes[0].get_yscale() == "log" and len(fig.axes[0].lines) == 5
 
 
-@pytest.mark.slow  # ~17 s on 2 cores, nearly all XLA compilation (two layouts × train + evaluate)
+@pytest.mark.slow  # nearly all XLA compilation (two layouts × train + evaluate)
 def test_padded_nbar_layout_trains_and_evaluates_the_same_models_as_separate_prompts():
     # float64 so that the two layouts agree to rounding: masked tokens carry v = 0 and gate 1 exactly;
     # one multi-layer kind: every layer reads the mask
@@ -118,7 +118,7 @@ def test_padded_nbar_layout_trains_and_evaluates_the_same_models_as_separate_pro
         np.testing.assert_allclose(ev_p[k], ev_s[k], rtol=1e-9, atol=1e-12, err_msg=k)
 
 
-@pytest.mark.slow  # ~30 s on 2 cores, XLA compilation of two training loops
+@pytest.mark.slow  # XLA compilation of two training loops
 def test_native_layer_kernels_train_the_same_models_as_xla():
     """The native backend (every n̄'s prompt cut out of one tensor at the largest n̄, full layers by the compiled
     gated-layer kernels) against the XLA separate layout: the same members, batches and updates, float64, depths

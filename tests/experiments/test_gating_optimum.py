@@ -22,7 +22,7 @@ def _paper_setting():
 def test_paper_setting_reproduces_the_spec_table():
     cfg, r = _paper_setting()
     checks = optimum.checks_optimum(cfg, r)
-    assert checks[0].name.startswith("spec §4 table")
+    assert checks[0].name.startswith("reference table")
     assert all(c.passed for c in checks), [(c.name, c.measured) for c in checks if not c.passed]
     assert np.allclose(r["wpgd"][:, 0], 1) and np.allclose(r["att"][:, 0], 1)  # n̄ = 0: ŷ = 0
     assert len(optimum.plot_optimum(cfg, r).axes) == 2
@@ -37,7 +37,7 @@ def test_a_wrong_table_value_fails_the_table_check(monkeypatch):
 
 
 def test_general_sigma_and_three_tasks():
-    # K = 3 with the relevant task in the middle: scalar gating lies strictly between eq 17 and eq 24 (spec §8)
+    # K = 3 with the relevant task in the middle: scalar gating lies strictly between eq 17 and eq 24 (derived here)
     cfg = optimum.OptimumConfig(d=3, Sigma_eigenvalues=[2.0, 1.0, 0.5], sigma2=0.1,
                                 task_R=np.eye(3).tolist(), task_rs=[[0.2, 0.8, 0.3]], n_bars=[0, 2, 4],
                                 bfgs_n_bars=[2], bfgs_restarts=2)

@@ -107,7 +107,7 @@ def test_checks_pass_on_paper_like_curves_and_fail_on_broken_ones():
     assert any("ICL test loss grows" in n for n in failed)
 
 
-@pytest.mark.slow  # 37 s on 2 cores
+@pytest.mark.slow  # a few tens of seconds
 def test_moments_and_sampled_engines_give_the_same_curves():
     """Both engines run full-batch GD on the same prompts; every recorded curve agrees to rounding,
     and training moves them (the comparison is not trivial)."""

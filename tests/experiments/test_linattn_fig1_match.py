@@ -1,4 +1,4 @@
-"""linattn.fig1, issue 22: trained ATTN_M against eq 11's predictor (one PGD step) on held-out prompts.
+"""linattn.fig1, algorithm match: trained ATTN_M against eq 11's predictor (one PGD step) on held-out prompts.
 
 ATTN_M at the fixed point A* IS eq 11's predictor (gap 0, cosine 1); away from it the held-out gap is the
 excess population loss L(A) − L(A*) (ŷ = βᵀAx_q is linear in A), and a rescaled A* keeps cosine 1. The checks
@@ -16,7 +16,7 @@ from iclab.experiments.linattn import fig1
 from iclab.experiments.linattn._common import keys_and_covariances
 from iclab.theory import linattn as theory
 
-# ~10-25 s on 2 cores, mostly compiling the held-out evaluation (Jacobians, the sandwich's eigendecompositions)
+# Mostly compiling the held-out evaluation (Jacobians, the sandwich's eigendecompositions)
 pytestmark = pytest.mark.slow
 
 

@@ -78,7 +78,7 @@ def test_context_plateaus_are_eq_26_and_E_inv_N_is_harmonic():
     b, e2, kappa = fig7.length_constants(31, "context")
     assert (b, e2) == (1.0, 1.0) and kappa == pytest.approx(0.129911, abs=1e-6)
     np.testing.assert_allclose(fig7.next_token_plateau_losses(LAM, 31),
-                               [1.0, 0.72503, 0.53308, 0.42069, 0.37952], atol=6e-6)  # spec §5 reference numbers
+                               [1.0, 0.72503, 0.53308, 0.42069, 0.37952], atol=6e-6)  # eq 26, computed independently
 
 
 @pytest.mark.parametrize("normalization", ["context", "tokens"])

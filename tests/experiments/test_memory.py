@@ -54,7 +54,7 @@ def test_every_estimate_is_bytes_and_a_name_at_both_presets(exp_id):
         assert isinstance(need, float) and math.isfinite(need) and need > 0, (preset, need)
         assert isinstance(what, str) and what.strip(), (preset, what)
         if exp.preflight is None:  # (an experiment that reads outside files sizes itself from them)
-            # the presets run on the reference machine of the runtimes (23 GiB): its 80 % limit must admit them
+            # every preset must run on a machine of 23 GiB: its 80 % limit must admit them
             assert need < 18 * 2**30, (preset, need / 2**30, what)
 
 

@@ -13,7 +13,7 @@ from iclab.progress import Reporter
 from iclab.tasks.multitask_regression import sample_prompts
 
 
-@pytest.mark.slow  # ~10-20 s of XLA compilation (threefry inside lax.map) on 2 cores
+@pytest.mark.slow  # ~10-20 s of XLA compilation (threefry inside lax.map)
 def test_paired_task_errors_against_a_naive_per_chunk_evaluation():
     c = training.Fig1Config(H=2, I=2, d_bar=3, dtype="float64")
     ts = training.task_family(c)

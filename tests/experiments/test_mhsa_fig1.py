@@ -223,7 +223,7 @@ def test_tiny_run_records_shapes_checks_and_plot():
     assert len(fig.axes) == 4
 
 
-@pytest.mark.slow  # two jitted joint trainings (~20 s of compilation on 2 cores)
+@pytest.mark.slow  # two jitted joint trainings (~20 s of compilation)
 def test_train_fig1_is_plain_sgd_on_the_documented_keys_and_the_spectral_model_leaves_it_alone():
     """train_fig1 (one group of iclab.engines.train_members, params0 = the theory's init) against a naive
     per-seed, per-step GD loop on the documented keys: init noise fold_in(key_s, 1), the batch of step k

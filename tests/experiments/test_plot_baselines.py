@@ -1,4 +1,4 @@
-"""The project-wide baseline style (issue 22): thin grey lines, named in grey text."""
+"""The project-wide baseline style: thin grey lines, named in grey text."""
 
 from __future__ import annotations
 

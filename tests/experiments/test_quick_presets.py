@@ -5,7 +5,7 @@ import pytest
 from iclab.experiments import all_experiments
 from iclab.launch import run_experiment
 
-# Every quick preset takes 10-180 s on 2 cores: together far beyond `make test`'s budget, so they
+# Every quick preset takes seconds to minutes: together far beyond `make test`'s budget, so they
 # run under `make test-slow` (and through `iclab run`); the headline linattn.fig1's quick preset
 # runs in the default suite through the CLI (tests/test_cli.py).
 # Known failures, kept visible: strict xfail flags the day one starts passing.

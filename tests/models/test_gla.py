@@ -236,7 +236,8 @@ def test_restricted_wpgd_matches_the_full_model(kind):
 
 
 def clean_recursion(X, y, x, Pk, Pq, g, sign):
-    """Spec §2: ỹ^{ℓ+1}_i = ỹ^ℓ_i + x_iᵀP'_ℓ Σ_{j≤i} ỹ^ℓ_j (g_{j:i} ⊙ P_{k,ℓ}ᵀx_j), P' = sign·P_q; g (n+1, d)."""
+    """The clean recursion of App A (derived here from eqs 31-33):
+    ỹ^{ℓ+1}_i = ỹ^ℓ_i + x_iᵀP'_ℓ Σ_{j≤i} ỹ^ℓ_j (g_{j:i} ⊙ P_{k,ℓ}ᵀx_j), P' = sign·P_q; g (n+1, d)."""
     n, d = X.shape
     Xa = np.vstack([X, x])
     yt = np.append(y, 0.0)

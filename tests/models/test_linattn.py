@@ -9,7 +9,7 @@ from iclab.tasks.linreg import covariance, sample_prompts
 @pytest.mark.parametrize("D,H,N", [(1, 1, 1), (3, 2, 5), pytest.param(4, 8, 31, marks=pytest.mark.slow),
                                    pytest.param(6, 3, 9, marks=pytest.mark.slow)])
 def test_full_matrix_attn_m_equals_eq_m_equals_mlp(D, H, N):
-    """Spec §7 check 1: the three forms of ATTN_M agree to 1e-12, with random * blocks."""
+    """Forward pass (eqs M, 7, 42): the three forms of ATTN_M agree to 1e-12, with random * blocks."""
     key = jax.random.PRNGKey(D * 100 + H)
     Lam = covariance(np.linspace(1.0, 0.2, D), jax.random.fold_in(key, 0))
     pr = sample_prompts(jax.random.fold_in(key, 1), Lam, N, 13)

@@ -65,8 +65,8 @@ def _kernels():
 def test_vectorised_kernel_equals_the_scalar_reference(d, chol):
     """The kernel in use (Philox drawn ahead over lanes, a fast-path prefix, then the slow path) against the scalar
     kernel, bit for bit, with diagonal and full Cholesky factors. Of the 2 × 41 × 1500 + 1500 streams, some need a block
-    beyond those drawn ahead, so word()'s later blocks are compared too (counted on 27 Nov 2026 with the 256-layer
-    tables, per key and diagonal factor: 7-10 at d = 1, 1 at d = 3, 930-990 at d = 10)."""
+    beyond those drawn ahead, so word()'s later blocks are compared too (with the 256-layer tables, per key and
+    diagonal factor: 7-10 at d = 1, 1 at d = 3, 930-990 at d = 10)."""
     kernel, reference = _kernels()
     rng = np.random.default_rng(d)
     L = np.eye(d) if chol is None else np.linalg.cholesky(np.cov(rng.normal(size=(d, 4 * d))) + np.eye(d))
@@ -214,8 +214,8 @@ def test_box_muller_kernel_equals_its_numpy_twin(d, full, dtype):
 
 def test_box_muller_functions_are_accurate():
     """ln u, cos 2πu and sin 2πu as the kernel computes them (the twin's functions, equal to it bit for bit by the
-    test above) against numpy's, over 32-bit uniforms including both ends: within a few ulp (measured 3 ulp for ln,
-    ≈ 7·10⁻¹⁶ for cos and sin, 29 Nov 2026)."""
+    test above) against numpy's, over 32-bit uniforms including both ends: within a few ulp (3 ulp for ln,
+    ≈ 7·10⁻¹⁶ for cos and sin)."""
     from iclab.ops.drift_sampler import _ir as ir
 
     w = np.concatenate([np.random.default_rng(0).integers(0, 2 ** 32, 10 ** 6, dtype=np.uint64),

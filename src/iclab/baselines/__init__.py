@@ -1,5 +1,5 @@
 """Baselines on the models' own prompts: classical in-context estimators, the Bayes-optimal predictor of
-each paper's data model with its Bayes risk, and algorithm matching (issue 22, parts 1-2).
+each paper's data model with its Bayes risk, and algorithm matching.
 
 Every predictor is pure JAX, batched over leading prompt axes, float64-safe (it keeps the input's
 dtype), and differentiable in the query input. Plain-array form: ``x: (..., N, D)`` context inputs,

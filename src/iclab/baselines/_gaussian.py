@@ -16,7 +16,7 @@ contexts (a Rao–Blackwellised Monte Carlo).
 mhsa (``iclab.tasks.multitask_regression``): y_l = Gᵀx_l + ε_l, G = d^{-1/2} Φ blockdiag(g_i) Ψᵀ,
 g_i ~ N(0, λ_i I_{d_i}). In the rotated coordinates x̃ = Φᵀx, ỹ = Ψᵀy, output i ≤ I is a scalar
 regression on the block J_i alone, ỹ_i = β_iᵀ x̃_{J_i} + ε̃, β_i = g_i/√d ~ N(0, (λ_i/d) I), so the
-posterior mean is blockwise ridge with penalty σ²d/λ_i (mhsa spec §5.5), rotated back by Ψ; outputs
+posterior mean is blockwise ridge with penalty σ²d/λ_i (mhsa paper, App E.27), rotated back by Ψ; outputs
 beyond I (and tasks with λ_i = 0) are predicted 0.
 """
 

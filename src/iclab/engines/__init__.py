@@ -5,7 +5,7 @@
 - :mod:`iclab.engines.moments`: exact full-batch GD from sufficient statistics, for predictions
   linear in a fixed feature of the prompt; O(dim φ²) per step, independent of P and N.
 - :mod:`iclab.engines.moments_native`: the same GD for the reduced linattn models in compiled
-  kernels (plain GD, CPU), ~4× faster per step than XLA there.
+  kernels (plain GD, CPU), faster per step than XLA there (no fixed cost per operation).
 - :mod:`iclab.engines.joint`: a grid of independent models trained jointly on shared minibatches,
   keys depending only on (seed, member, step).
 - :mod:`iclab.engines.linreg`: any registered in-context linear-regression model family

@@ -137,7 +137,7 @@ def run_loop(
             many as took that long in the chunk before (1 to ``records_per_chunk``). Progress reports and
             checkpoints come between chunks; the numbers do not depend on the chunk lengths.
         unroll: steps unrolled per iteration of the compiled step loop: >1 trims the loop overhead
-            (~1 µs per iteration on a CPU) where a step costs only a few µs (the moments engine), at
+            where it is comparable to a step's cost (the moments engine's steps of a few features), at
             the price of compile time; the arithmetic of each step is unchanged.
     Returns:
         (steps (T,), dict name -> array (T,) or (S, T) of observations incl. "t", final state).

@@ -159,7 +159,7 @@ def init_params(spec: LinregTraining, key: jax.Array, D: int):
 def population_objective(spec: LinregTraining, *, expected_loss: ExpectedLoss | None = None):
     """The population engine's objective: the exact expected loss of the family's effective matrix.
 
-    L(θ) = expected_loss(A(θ), Λ); by default the fixed-length query loss (spec §3, eqs 30-31)
+    L(θ) = expected_loss(A(θ), Λ); by default the fixed-length query loss (eqs 30-31)
     L(A) = trΛ − 2 tr(AΛ²) + tr(Aᵀ E[Λ̂²] A Λ), E[Λ̂²] = Λ² + E(1/N)(Λ + trΛ·I)Λ
     (:func:`iclab.theory.linattn.population_loss`).
 
@@ -322,7 +322,7 @@ def train(
     S, D = Lams.shape[0], Lams.shape[-1]
     if params0 is None:
         # One compiled init instead of op-by-op dispatch of the vmapped sampler (same values to the last bit
-        # or two). It runs once, so LLVM optimisation is skipped: it took seconds to compile.
+        # or two). It runs once, so LLVM optimisation is skipped: it would take seconds to compile.
         params0 = jax.jit(jax.vmap(lambda k: init_params(spec, jax.random.fold_in(k, 1), D)),
                           compiler_options={"xla_backend_optimization_level": 0})(keys)
     aux = {"Lam": Lams, "inv_N": jnp.full((S,), 1.0 / N), **(extra or {})}

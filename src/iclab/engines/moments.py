@@ -53,10 +53,10 @@ def sufficient_statistics(features: jax.Array, targets: jax.Array, chunk: int = 
     return SufficientStatistics(c / P, m / P, G / P, P)
 
 
-#: Steps unrolled per loop iteration for long runs (``full_batch(..., unroll=LONG_RUN_UNROLL)``): a step
-#: costs a few µs, of which ~1-3 µs is the loop's own overhead on a CPU; unrolling 32 steps halves the
-#: per-step time (measured 3-6 µs -> ~2 µs in the Fig 4 setting) for ~1 s more compilation, so it pays off
-#: over thousands of steps only. The arithmetic of each step is unchanged (same trajectories).
+#: Steps unrolled per loop iteration for long runs (``full_batch(..., unroll=LONG_RUN_UNROLL)``): a step costs
+#: a few µs, much of it the loop's own overhead on a CPU; unrolling 32 steps trims that overhead at the price
+#: of more compilation, so it pays off over thousands of steps only. The arithmetic of each step is unchanged
+#: (same trajectories).
 LONG_RUN_UNROLL = 32
 
 

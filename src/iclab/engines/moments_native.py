@@ -1,8 +1,8 @@
 """The moments engine's plain GD by compiled CPU kernels, for the reduced linattn models.
 
 The same contract as :func:`iclab.engines.moments.full_batch` with plain GD (``optimizer=None``), the loop in
-the compiled kernels of :mod:`iclab.ops` (:func:`iclab.ops.moments_plain_gd`: a step of the Fig 4 setting in
-≈ 0.4 µs, where XLA's fixed cost per operation keeps the same step at ≈ 1.6 µs). It follows the XLA engine's
+the compiled kernels of :mod:`iclab.ops` (:func:`iclab.ops.moments_plain_gd`: a step of the Fig 4 setting is
+nearly all XLA's fixed cost per operation, which the kernel does not pay). It follows the XLA engine's
 trajectory to rounding (tests compare both, and both against full-batch GD on the prompts).
 """
 

@@ -1,6 +1,6 @@
 """The population engine: descent on an exact expected loss, no sampling noise.
 
-``loss_fn(params, aux)`` is a closed-form expected loss (e.g. L(A) of the linattn paper, spec §3);
+``loss_fn(params, aux)`` is a closed-form expected loss (e.g. L(A) of the linattn paper, :mod:`iclab.theory.linattn`);
 ``aux`` holds the constants it needs (covariance, E(1/N), ...), batched along seeds with the params
 when ``batched``. Two integrators share the time axis t = Σ lr:
 

@@ -8,7 +8,7 @@ import numpy as np
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 MODEL_COLORS = {"ATTN_M": COLORS[0], "MLP": COLORS[1], "ATTN_S": COLORS[2]}
 THEORY_STYLE = {"color": "0.35", "linestyle": "--", "linewidth": 1.0}
-#: Baselines and the theory's algorithm evaluated on held-out prompts (issue 22: least squares, GD, the Bayes
+#: Baselines and the theory's algorithm evaluated on held-out prompts (least squares, GD, the Bayes
 #: posterior mean, the predictor a paper says its model implements): thin grey solid lines in every figure.
 BASELINE_STYLE = {"color": "0.6", "linestyle": "-", "linewidth": 0.8}
 TIME_LABEL = "t = Σ lr   (paper time t/τ = 2t)"

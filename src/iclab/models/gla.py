@@ -20,7 +20,7 @@ gates carry no bias, as in the paper. Any explicit matrix gates can be passed to
 
 Tokens (eq 19): z = [x; y; c] ∈ R^{D}, D = d + 1 + p, the label y at index ``label`` = d; the query's label
 slot is 0. ``delimiter_prompt`` lays out K task blocks, each followed by a delimiter d_k = [0; 0; c̄_k],
-and the query (context c̄_0 by default: spec §7, the paper leaves it unspecified).
+and the query (context c̄_0 by default: the paper leaves it unspecified; Thm 4's proof needs the query's gate 1).
 
 Params are dicts of arrays: ``Wq``, ``Wk``, ``Wv`` (D, D), plus ``w_g`` (D,) for scalar or ``W_g`` (D, D)
 for vector gating, plus an optional linear head ``h`` (D,). The prediction is ŷ = hᵀ o_T with a head,
@@ -498,7 +498,7 @@ def delimiter_prompt(x, y, x_query, block_sizes: Sequence[int], contexts=None, *
         block_sizes: (n_1, ..., n_K), summing to n.
         contexts: (K+1, p) context vectors c̄_0..c̄_K, or None for plain [x; y] tokens (p = 0, no delimiters).
         delimiters: insert d_k after block k (needs contexts).
-        query_context: index k of the query's context c̄_k (default 0, spec §7), or None for c = 0.
+        query_context: index k of the query's context c̄_k (default 0; unspecified in the paper), or None for c = 0.
         mask: optional (..., n) 0/1 validity of the context samples (padding).
     Returns:
         (Z (..., T, D), token mask (..., T) or None), T = n + K + 1 (n + 1 without delimiters), D = d + 1 + p.
@@ -525,8 +525,8 @@ def delimiter_prompt(x, y, x_query, block_sizes: Sequence[int], contexts=None, *
     d = x.shape[-1]
     # Each token's row of (x, y) and of the contexts by one gather per field: rows n (the query) and n + 1 (a
     # delimiter's zeros) appended to the samples, context row K + 1 a zero for query_context=None. XLA runs
-    # this as one pass over the tokens; the blocks' concatenation (slices, rows and broadcasts) took two
-    # (gating.fig1's sampler: its tokens in half the time, the same values).
+    # this as one pass over the tokens; the blocks' concatenation (slices, rows and broadcasts) would take two
+    # (the same values).
     rows, crows, mpieces, start = [], [], [], 0
     for k, nk in enumerate(block_sizes):
         rows += range(start, start + nk)
@@ -610,7 +610,7 @@ def scalar_gate_for_weights(contexts, block_weights, d: int, logit: float = 40.0
     """w_g = [0_{d+1}; w̃] realising block weights 0 ≤ ω_1 ≤ … ≤ ω_K ≤ 1 with scalar gates (Thm 4, App F.1).
 
     Gate φ(w̃ᵀc̄_0) ≈ 1 on data tokens and the query (logit ``logit``) and ω_k/ω_{k+1} at d_k (ω_{K+1} = 1;
-    the paper's "ω_k/ω_{k:K}" is garbled, spec §2), so block k's weight Π_{m≥k} ω_m/ω_{m+1} = ω_k.
+    App F.1's "ω_k/ω_{k:K}" is garbled), so block k's weight Π_{m≥k} ω_m/ω_{m+1} = ω_k.
     Ratios 0 and 1 use logits ∓``logit``.
 
     Args:

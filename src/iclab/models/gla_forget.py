@@ -44,7 +44,7 @@ how a trained model is evaluated at a test-time λ̄ ≠ λ (eq 18).
 
 The L-layer model (``predict_multilayer``) stacks L layers of one parametrisation with their own
 weights and a shared λ, residually: Z ← Z + GLA_l(Z) at every position, read out at Z^{(L)}[n+1, d+1]
-(the paper's multi-layer architecture is unspecified; spec §3).
+(the paper's multi-layer architecture is unspecified; this one is our choice).
 """
 
 from __future__ import annotations

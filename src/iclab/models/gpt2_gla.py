@@ -9,12 +9,12 @@ head, with q_t, k_t, v_t the rows of GPT-2's own projections (``c_attn``) and φ
 S_0 = 0, z_0 = 0, s = 1/√d_head (GPT-2's score scale), then GPT-2's output projection ``c_proj``.
 Parallel form: O = (D ⊙ φ(Q)φ(K)ᵀ s) V, D_{t,u} = Π_{l=u+1..t} g_l for u ≤ t (0 above the
 diagonal), rows divided by Σ_u D_{t,u} when normalised. The gates g_t come from ONE forget factor
-λ ∈ (0, 1] per layer (the paper's "λ" is a scalar; granularity is our choice, spec §5):
+λ ∈ (0, 1] per layer (the paper's "λ" is a scalar; granularity is our choice):
 
 - ``token``: g_t = λ at every token, so a token k positions back weighs λ^k;
 - ``demonstration``: g_t = λ at the first token of each demonstration (segment) and 1 elsewhere,
   so a whole demonstration k demonstrations back weighs λ^k. (A token-level λ = 0.9 remembers about
-  ten tokens, far short of 20 demonstrations of ~25 tokens: spec §5's caution.)
+  ten tokens (0.9^200 ≈ 7·10⁻¹⁰), far short of 20 demonstrations of ~25 tokens.)
 
 λ = 1 gives exactly causal linear attention in both granularities. The paper's eq 5 has no feature
 map and no normaliser; both are options here (``feature_map="identity"``, ``normalize``).

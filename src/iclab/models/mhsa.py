@@ -98,7 +98,8 @@ def predict_spectral(spec, X, Y, q, d_i, score: str = "softmax"):
 
 
 def spectral_to_full(spec, d_i, d_y: int, d_e: int):
-    """Full weights with the spectral parameters (Def 3.1, balanced; spec §3 concrete form).
+    """Full weights with the spectral parameters (Def 3.1, balanced, as Thm 3.3's init; the concrete form for
+    Φ = Ψ = I is derived here).
 
     K_X = Q_X = [diag(s); 0] with s = (√d_e ω)^{1/2} per coordinate (so W_X = diag(ω)),
     V = [0, V_Y], V_Y = [diag(√μ); 0] ∈ R^{d_e×d_y}, O = V_Yᵀ (so U_Y = diag(μ)), K_Y = Q_Y = V_X = 0.
@@ -141,8 +142,8 @@ def effective_matrices(params, d: int):
 
 
 def read_spectral(params, d_i, Phi=None, Psi=None):
-    """(ω̄, μ) per head and task read off full weights (spec C4): ω̄_i^(h) = mean_{j∈J_i} (ΦᵀW_X^(h)Φ)_jj,
-    μ_i^(h) = (ΨᵀU_Y^(h)Ψ)_ii for the first I outputs.
+    """(ω̄, μ) per head and task read off full weights (to compare training with the reduced ODE):
+    ω̄_i^(h) = mean_{j∈J_i} (ΦᵀW_X^(h)Φ)_jj, μ_i^(h) = (ΨᵀU_Y^(h)Ψ)_ii for the first I outputs.
 
     Args:
         params: full weights (see :func:`predict`); d_i: (I,) block sizes;
@@ -163,11 +164,13 @@ def read_spectral(params, d_i, Phi=None, Psi=None):
 
 
 def spectral_expected_loss(spec, X, q, d_i, lam, *, sigma2: float, score: str = "softmax"):
-    """E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (Φ = Ψ = I), G and ε integrated out (spec §5.5).
+    """E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (Φ = Ψ = I), G and ε integrated out (derived here; one
+    head: App E.5-E.12).
 
     With a_i = Σ_h μ_i^(h) act(Xᵀ W_X^(h) q) ∈ R^L and X_(i) the rows J_i of X:
         Σ_i (λ_i/d) ‖X_(i) a_i − q_(i)‖² + σ² ‖a_i‖²,
-    averaged over the P prompts (X, q): only X and q remain to sample. No ½ (spec A1).
+    averaged over the P prompts (X, q): only X and q remain to sample. No ½: (2.6) has one, but the paper's
+    quoted losses (λ_id_i/d, Table 1, E.1) have none.
 
     Args:
         spec: {"omega", "mu"} (H, I); X: (P, d, L); q: (P, d); d_i: (I,) block sizes; lam: (I,) per-task

@@ -1,8 +1,8 @@
 """Fast Gaussian draws inside jitted loops: XLA's RBG generator keyed by a threefry key, safe under vmap.
 
 Why not ``jax.random.normal(key, ...)`` directly: XLA:CPU takes seconds to compile the partitionable
-threefry sampler at every new shape and call site (about 2-3 s here, against well under 1 s for RBG),
-which would dominate a short sampled run. The RBG key is built from the two words of the threefry key
+threefry sampler at every new shape and call site (RBG compiles in a fraction of that), which would
+dominate a short sampled run. The RBG key is built from the two words of the threefry key
 (the output of ``fold_in``/``split``, already well mixed) and their complement-mixed copies, so the
 draws stay a pure function of the key and need no threefry call at all.
 
@@ -14,11 +14,10 @@ numbers alone and beside other seeds, and a member of a grid different numbers a
 (a ``lax.map`` over the keys), so it equals the per-key draws exactly, under any nesting of vmap.
 
 On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.ops.normals.native`): XLA's
-RngBitGenerator, expanded into elementwise HLO that ran on one thread, was 36 of the 45 ms of gating.fig2's batch;
-the kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
+RngBitGenerator, expanded into elementwise HLO that runs on one thread, is most of gating.fig2's batch; the
+kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
 thread, each key by itself under vmap, and ``jax.random.normal`` turns them into floats with its own XLA code, so
-every draw is the same bits as before. gating.fig2's batch (10 seeds): the normals 36 → 15-16 ms, the batch 41-45 →
-28-31 ms (alternated in one process, 29 Nov 2026); with one host call for the 10 keys, 22-25 ms.
+every draw is the same bits as XLA's. Under vmap one host call draws every key's words.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def rbg_key(key: jax.Array) -> jax.Array:
 
 #: Whether the draws on the CPU take their bits from the compiled kernel of :mod:`iclab.ops.normals` (XLA's
 #: RngBitGenerator bit for bit, on every thread; the floats are XLA's own transform of them, so the draws are the
-#: same bits) rather than from XLA's RngBitGenerator (one thread; 36 of the 45 ms of gating.fig2's batch).
+#: same bits) rather than from XLA's RngBitGenerator (one thread; most of gating.fig2's batch).
 NATIVE_BITS = True
 
 

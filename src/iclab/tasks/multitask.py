@@ -1,7 +1,7 @@
 """Correlated multitask in-context regression (gating paper, Defs 1-2, Sec 5.1, App B.1).
 
 Def 1-2: the n + 1 samples of a prompt have their own task vectors β_1..β_n, β = β_{n+1}, jointly
-Gaussian with E[β_iβ_jᵀ] = C_ij I_d (the isotropic cross-covariance eq 37 needs, spec §7), where
+Gaussian with E[β_iβ_jᵀ] = C_ij I_d (the isotropic cross-covariance eq 37 needs; Def 1 states only the marginals), where
 C = [[R, r], [rᵀ, 1]] is a correlation matrix (PSD, unit diagonal; validated by
 :func:`joint_task_correlation`). Inputs x_i ~ N(0, Σ) iid and labels
 y_i = x_iᵀβ_i + σ ε_i, i = 1..n+1; the target is y_{n+1}.

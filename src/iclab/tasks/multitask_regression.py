@@ -1,4 +1,4 @@
-"""Multi-task in-context linear regression (mhsa paper, §2.2, eq 2.4; spec §2).
+"""Multi-task in-context linear regression (mhsa paper, §2.2, eq 2.4).
 
 Tokens are columns. A prompt holds L context pairs (x_l, y_l) and a query q, with x_l, q iid
 N(0, I_d), y_l = Gᵀx_l + ε_l, ε_l iid N(0, σ² I_{d_y}), and the noiseless target y_q = Gᵀq.
@@ -151,7 +151,7 @@ def sample_G(key: jax.Array, ts: TaskStructure, P: int) -> jax.Array:
 
 
 def sample_prompts(key: jax.Array, ts: TaskStructure, L: int, P: int) -> MultitaskPrompts:
-    """Draws P prompts of L context pairs (eq 2.4, spec §2): y_l = Gᵀx_l + ε_l, y_q = Gᵀq.
+    """Draws P prompts of L context pairs (eq 2.4): y_l = Gᵀx_l + ε_l, y_q = Gᵀq.
 
     The key is split into four, for G, X, q and ε in that order.
 

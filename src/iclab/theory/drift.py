@@ -4,7 +4,8 @@ One-layer gated linear attention (GLA) with a single scalar forget factor λ,
 S_i = λ S_{i-1} + v_i k_iᵀ, trained on linear-regression prompts whose task vector drifts
 as an AR(1) process w_i = γ w_{i-1} + e_i (w_0 ~ N(0, σ_w² I), e_i ~ N(0, σ_e² I),
 x_i ~ N(0, Λ), y_i = ⟨w_i, x_i⟩, no label noise). λ = 1 is linear attention (LA).
-Equation numbers are the paper's; the digest is ``shared/spec/drift.md``.
+Equation numbers are the paper's. The paper's text is an OCR with garbled formulas: [R] marks a formula
+reconstructed from it, [D] one derived here (both checked numerically in tests/theory/test_drift.py).
 
 Conventions: ``lam`` is the forget factor λ, ``gamma`` the AR(1) coefficient γ,
 ``sigma_w2``/``sigma_e2`` the variances σ_w², σ_e², ``n`` the number of labelled context
@@ -33,7 +34,7 @@ The LMS / RLS baselines of Sec 5 are simulations; only the two adaptive filters 
 (``lms_predictions``, ``rls_predictions``). Paper settings: LMS step μ = 0.01, RLS forget factor
 0.98, sequence length 1000, 10,000 Monte-Carlo trials, γ ∈ {0.8, 0.85, 0.925, 0.95, 0.975},
 d = 10, σ_w² = 1, σ_e² = 0.01 (``PAPER_LMS_RLS``). UNSPECIFIED by the paper: the error
-definition, ŵ_0 and the RLS P_0; the digest uses the a-priori error near t = 1000, ŵ_0 = 0 and
+definition, ŵ_0 and the RLS P_0; our choice is the a-priori error near t = 1000, ŵ_0 = 0 and
 P_0 = 100 I, which are the defaults here.
 
 This module imports nothing from iclab's engines: every function here can be checked without
@@ -222,7 +223,7 @@ def D_closed_form(lam, *, gamma, sigma_w2, sigma_e2, n):
       T = λ²[(n-1) - λ^{2n}G(γ², n-1)]/(1-λ²).
 
     The generic D1, D2, D4 and the λ = γ and λ = γ = 1 forms are the paper's (repaired OCR [R]).
-    The printed D3 forms are unreadable: the generic D3 is the digest's equivalent form, the
+    The printed D3 forms are unreadable: the generic D3 is an equivalent form derived here [D], the
     λ = γ D3 matches the legible part of the OCR, and the λ = 1, γ = 1 and λ = 1/γ forms are
     re-derived [D]; all are checked against ``D_sums``. The forms lose precision near case
     boundaries (cancellation of order eps/|λ-γ|); use ``D_sums`` for computation.
@@ -700,7 +701,7 @@ def rank_one_saddle_errors(lam, *, gamma, sigma_w2, sigma_e2, n, Lam):
         E_k = D4 tr Λ - D1² μ_k² / Λ̃_k,   Λ̃_k = D2 (2μ_k + tr Λ) + D3 μ_k.
 
     For Λ = I every k gives d D4 - D1² / ((d+2) D2 + D3): one of Theorem 2's d equal gains. Leaving
-    the point needs u_{-1} and U11 to grow together (a second-order escape). [derived; not in the paper]
+    the point needs u_{-1} and U11 to grow together (a second-order escape). (Derived here; not in the paper.)
 
     Args:
         lam: forget factor λ > 0, scalar or array; gamma, sigma_w2, sigma_e2, n: training setting.

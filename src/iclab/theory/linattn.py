@@ -1,7 +1,7 @@
 """Closed-form theory of "Training Dynamics of In-Context Learning in Linear Attention".
 
-Zhang, Singh, Latham, Saxe (ICML 2025). Equation numbers are the paper's; the digest is
-``shared/spec/linattn.md``. Conventions, the same in every function:
+Zhang, Singh, Latham, Saxe (ICML 2025). Equation numbers are the paper's. Conventions, the same in every
+function:
 
 - ``Lam`` is the input covariance Λ (D, D); ``eigenvalues`` (D,) its eigenvalues λ_d and ``eigvecs``
   (D, D) the matching eigenvectors e_d as columns; ``lam`` one eigenvalue (λ_{m+1} of the learning
@@ -124,7 +124,7 @@ def mlp_population_loss(W, Lam, inv_N):
 # ---------------------------------------------------------------------------------------------
 # Dynamics and fixed-point theory (Secs 3-5, Apps D-F).
 #
-# Reduced parametrisations (zero blocks of W^V, W^{KQ}, W^K dropped, spec §3):
+# Reduced parametrisations (zero blocks of W^V, W^{KQ}, W^K dropped; eqs M and S, Secs 2.3-2.4):
 #   ATTN_M: v (H,), U (H, D, D);        A = Σ_i v_i U_i
 #   ATTN_S: v (H,), k, q (H, R, D);     A = Σ_i v_i Σ_r k_{i,r} q_{i,r}ᵀ
 # and the predictor is ŷ_q = βᵀ A x_q. Gradient flow is τ dW/dt = −½ ∂L/∂W with τ = 1.

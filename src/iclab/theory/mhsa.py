@@ -4,9 +4,10 @@ Learning: Emergence, Convergence, and Optimality" (Chen, Sheen, Wang, Yang).
 One-layer H-head softmax attention trained by population gradient flow on I-task linear
 regression with disjoint covariate blocks of sizes d_i. Under a decomposable initialisation
 (Def 3.1) training reduces to per-head, per-task eigenvalues ω̄_i^(h) of W_X and μ_i^(h) of U_Y.
-Equation numbers are the paper's; the digest is ``shared/spec/mhsa.md`` (cited as "spec §").
+Equation numbers are the paper's. "The reduced ODE" is the leading order of D.1/D.2, the "Dynamics Path" of
+App. D.3, for every head and task (``reduced_ode_field``); iclab's paper page for mhsa lists the settings.
 
-Symbols (spec §2-§3, A1): one name, one meaning, one place in every signature of this module.
+Symbols (Sec 2, Def 3.1): one name, one meaning, one place in every signature of this module.
 
 ==============  ======  =======================================================================
 name            symbol  meaning
@@ -30,7 +31,7 @@ name            symbol  meaning
 ``omega_bar``   ω̄       (H, I) eigenvalues ω̄_i^(h) of W_X (row h = head, column i = task), or ω̄_i*
 ``mu``          μ       (H, I) eigenvalues μ_i^(h) of U_Y, or μ_i*
 ``omega0, mu0`` ω_0,μ_0 initial values of ω̄, μ (scalars shared by every head and task, or (H, I))
-``tau``         τ       reduced time of (3.4)-(3.6) and of the spec §5.2 ODE
+``tau``         τ       reduced time of (3.4)-(3.6) and of the reduced ODE
 ==============  ======  =======================================================================
 
 Signatures: the point a function is evaluated at comes first and positionally (ω̄, μ, τ, r, B, b,
@@ -41,16 +42,16 @@ initial values (omega0, mu0) and numerical options.
 * The combination d_i λ_i φ_i = d_i λ_i + σ² d is always formed directly, so that a task with
   λ_i = 0 stays finite.
 * Losses are E‖ŷ − y_q‖² with no ½ (the paper's quoted values); the training loss (2.6) is half.
-* Time: the reduced systems (3.4)-(3.6) and the spec §5.2 ODE run on their own time τ. For the ½-MSE
-  gradient flow (2.7) the original time is t = (d/2)τ (``gf_time_from_tau``); the paper's
-  "t ← 2dt" (Thm D.11) is inconsistent with the model (spec A3).
+* Time: the reduced systems (3.4)-(3.6) and the reduced ODE run on their own time τ. For the ½-MSE
+  gradient flow (2.7) the original time is t = (d/2)τ (``gf_time_from_tau``, derived here); the paper's
+  "t ← 2dt" (Thm D.11) is inconsistent with the model.
 * Homogeneous tasks (Table 1, Thm 4.4): d_i = d̄ = d/I, λ_i = λ, φ = 1 + Iσ²/λ, SNR = λ/(Iσ²),
   r = d̄/L.
 
-Errata handled here (spec §5, A4-A7):
+Errata handled here:
 
 * (3.4) prints the ω̄* equation garbled; ``emergence_field`` uses the form of App. D.3/(D.47),
-  which is exactly the spec §5.2 ODE restricted to one head.
+  which is exactly the reduced ODE restricted to one head.
 * (4.2) prints the budget cap as "c^{-22 log L}"; read as B ≤ 2 log L / c² (compare E.17). The cap is
   optional here (``c=None``): with c = 3 it binds (B* = 1 infeasible) for L < e^{4.5} ≈ 90.
 * Thm 4.4 / E.27 print closed forms for the Bayes risk. The variance form equals the
@@ -58,15 +59,15 @@ Errata handled here (spec §5, A4-A7):
   MP integral at all (it exceeds λ, e.g. 1.38λ at b = 5, r = 3). The Bayes risk here is the MP
   quadrature (``bayes_risk_mp``) or Monte Carlo of the posterior mean (``bayes_risk_mc``); the
   printed forms are kept as ``printed_variance_formula`` and ``printed_bias_formula_erratum``.
-* Lemma C.8 prints ‖p‖₄⁴ in the second Stein moment; the identity holds with ‖p‖₂⁴ (spec §5.6).
+* Lemma C.8 prints ‖p‖₄⁴ in the second Stein moment; the identity holds with ‖p‖₂⁴ (tested by Monte Carlo).
 * Thm 4.4's prior g_i ~ N(0, λ/d·I) conflicts with (2.4); (2.4) is used (Cov g_i = λ_i I), so the
   regression vector g_i/√d has covariance (λ/d) I and the posterior mean is ridge with penalty σ²d/λ.
 * (5.4) bounds the error of the nonlinear-transfer prediction by O(L^{-2(1-ε)}). Its proof (F.2) drops
   E[‖p‖² | q] as O(L^{-2(1-ε)}), but Lemma B.2 makes E‖p‖² ≈ e^{‖Wq‖²}/L: the error is of order
   e^{‖q‖²/d}/L for |α| ≥ 1 (``softmax_derivative_sum``, ``nonlinear_transfer_mean`` keep it exactly).
-* Digest (not paper) numbers for Fig 6 at L = 10⁴: E‖p‖² = .0054/.018/.048 at r = 2/2.5/3 disagree
-  with exact quadrature (``softmax_collision``: .00451/.01896/.05304) and with direct sampling; the
-  exponential approximation e^{r²}/L is within 2 % only up to r ≈ 1.5 (17 % high at r = 2).
+* Fig 6 at L = 10⁴: exact quadrature (``softmax_collision``) gives E‖p‖² = .00451/.01896/.05304 at
+  r = 2/2.5/3, as direct sampling does; Lemma B.2's exponential approximation e^{r²}/L is within 2 % only
+  up to r ≈ 1.5 (17 % high at r = 2).
 
 This module imports nothing from iclab's engines: every function here can be checked without
 training anything.
@@ -87,7 +88,7 @@ __all__ = [
     "FIG1", "FIG3", "FIG4_5", "FIG6", "OptS", "ReducedPath",
     # task constants and time
     "task_phi", "task_snr", "homogeneous_phi", "gf_time_from_tau",
-    # surrogate loss and the reduced ODE (spec §5.2)
+    # surrogate loss and the reduced ODE (App. D.3)
     "head_overlaps", "surrogate_loss", "reduced_ode_field", "solve_reduced_dynamics", "initial_state",
     "quasi_equilibrium_ratio", "hyperbolic_growth_rate",
     # single-head emergence (3.4)-(3.6), D.11
@@ -112,7 +113,7 @@ __all__ = [
     "softmax_self_derivative_coefficients", "softmax_derivative_sum", "nonlinear_transfer_mean",
 ]
 
-#: Paper settings (spec §6). Fig 1's d_e, ω_0, μ_0 are UNSPECIFIED; d_e = 30 is Fig 3's value,
+#: Paper settings (the figures' captions and text). Fig 1's d_e, ω_0, μ_0 are UNSPECIFIED; d_e = 30 is Fig 3's value,
 #: which the paper says matches Fig 1, and ω_0, μ_0 are the defaults of ``initial_state``.
 FIG1 = dict(H=3, d_i=(10, 10, 10), lam=(1.0, 1.0, 1.0), sigma2=0.0, L=100, d_e=30)
 #: Fig 3: (3.4) from τ = 4 at (ω̄*, μ*) = (0.01, 1); (3.6) from τ = 4 at ω̄* = 0.01.
@@ -129,7 +130,7 @@ _ATOL = 1e-13
 
 
 # ---------------------------------------------------------------------------------------------
-# Task constants (spec §2)
+# Task constants (Sec 2.2)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -188,8 +189,8 @@ def homogeneous_phi(*, I, lam, sigma2):
 def gf_time_from_tau(tau, *, d):
     """Original gradient-flow time of the ½-MSE flow (2.7) for reduced time τ: t = (d/2)τ.
 
-    Spec §5.2 (derived): the reduced ODEs are (2.7) with τ = 2t/d; the paper's Thm D.11 writes
-    t = 2dτ instead (spec A3). Experiments should calibrate this (spec C4).
+    Derived here: the reduced ODEs are (2.7) with τ = 2t/d; the paper's Thm D.11 writes t = 2dτ instead.
+    Experiments should calibrate this against training.
 
     Args:
         tau: (...) reduced times; d: total covariate dimension.
@@ -200,7 +201,7 @@ def gf_time_from_tau(tau, *, d):
 
 
 # ---------------------------------------------------------------------------------------------
-# Surrogate loss and the reduced ODE system (spec §5.2, App. D.3)
+# Surrogate loss and the reduced ODE system (App. D.3)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -218,12 +219,13 @@ def head_overlaps(omega_bar, d_i):
 
 
 def surrogate_loss(omega_bar, mu, d_i, lam, *, sigma2, L):
-    """Surrogate ICL loss L_sur(ω̄, μ) whose weighted gradient flow is the reduced ODE (spec §5.2).
+    """Surrogate ICL loss L_sur(ω̄, μ) whose weighted gradient flow is the reduced ODE (derived here; tested in
+    tests/theory/test_mhsa.py).
 
     L_sur = Σ_i (λ_i d_i/d)[1 − 2Σ_h μ_i^h ω̄_i^h + Σ_{h,h'} μ_i^h μ_i^h' (ω̄_i^h ω̄_i^h'
             + φ_i e^{⟨ω^h, ω^h'⟩}/L)],
     the multi-head, heterogeneous-task form of Sec 4.3.3 (E.7/(4.10) for H = 1). Differentiable
-    in (omega_bar, mu) with JAX. No ½ (spec A1).
+    in (omega_bar, mu) with JAX. No ½ (the paper's quoted losses have none).
 
     Args:
         omega_bar: (H, I) ω̄_i^(h); mu: (H, I) μ_i^(h); d_i: (I,) block sizes; lam: (I,) λ_i;
@@ -244,14 +246,14 @@ def surrogate_loss(omega_bar, mu, d_i, lam, *, sigma2, L):
 
 
 def reduced_ode_field(omega_bar, mu, d_i, lam, *, sigma2, L, d_e):
-    """Right-hand side of the reduced ODE system (spec §5.2; D.1/D.2 leading order, App. D.3).
+    """Right-hand side of the reduced ODE system (D.1/D.2 leading order, App. D.3).
 
     √d_e ∂_τ ω̄_i^h = λ_i μ_i^h ω̄_i^h − λ_i Σ_h' μ_i^h μ_i^h' ω̄_i^h' ω̄_i^h
                     − Σ_h' (e^{⟨ω^h,ω^h'⟩}/L) ⟨d⊙λ⊙φ, μ^h⊙μ^h'⟩ ω̄_i^h' ω̄_i^h,
     ∂_τ μ_i^h = d_iλ_i ω̄_i^h μ_i^h − Σ_h' d_iλ_i ω̄_i^h ω̄_i^h' μ_i^h' μ_i^h
                 − Σ_h' (e^{⟨ω^h,ω^h'⟩}/L) d_iλ_iφ_i μ_i^h' μ_i^h,
     with ⟨d⊙λ⊙φ, μ⊙μ'⟩ = Σ_k (d_kλ_k + σ²d) μ_k μ'_k. Equals ∂_τ μ = −(d/2) μ ⊙ ∂L_sur/∂μ and
-    ∂_τ ω̄_i = −(d/(2 d_i √d_e)) ω̄_i ⊙ ∂L_sur/∂ω̄_i (spec §5.2, derived).
+    ∂_τ ω̄_i = −(d/(2 d_i √d_e)) ω̄_i ⊙ ∂L_sur/∂ω̄_i (iclab's derivation, tested in tests/theory/test_mhsa.py).
 
     Args:
         omega_bar: (H, I); mu: (H, I); d_i: (I,); lam: (I,); sigma2: σ²; L: context length;
@@ -280,7 +282,7 @@ class ReducedPath(NamedTuple):
 
 
 def solve_reduced_dynamics(tau, d_i, lam, *, sigma2, L, d_e, omega0, mu0, rtol=_RTOL, atol=_ATOL):
-    """Integrates the reduced ODE system (spec §5.2) from (ω̄, μ)(τ[0]) = (ω_0, μ_0) and samples it at ``tau``.
+    """Integrates the reduced ODE system (App. D.3) from (ω̄, μ)(τ[0]) = (ω_0, μ_0) and samples it at ``tau``.
 
     Args:
         tau: (T,) increasing reduced times; d_i, lam, sigma2, L, d_e: as in ``reduced_ode_field``.
@@ -317,10 +319,10 @@ def _integrate(rhs, y0, tau, rtol, atol, events=None):
 
 
 def initial_state(*, H, I, omega0=0.01, mu0=0.05, advantage=0.5):
-    """Theory initialisation (Thm 3.3) with head i favoured on task i (spec §4 choice).
+    """Theory initialisation (Thm 3.3) with head i favoured on task i (our choice).
 
     ω̄_i^(h) = ω_0 for all h, i; μ_i^(h) = μ_0 (1 + advantage·1[h = i]). The paper leaves ω_0, μ_0
-    and the advantage UNSPECIFIED (spec A9); Fig 1 has h_i* = i. Needs H ≥ I for every task to have
+    and the advantage UNSPECIFIED; Fig 1 has h_i* = i. Needs H ≥ I for every task to have
     a distinct favoured head.
 
     Args:
@@ -373,7 +375,7 @@ def emergence_field(omega_bar, mu, *, d_i, lam, phi, L, d_e):
 
     ∂_τ μ* = λ_i d_i (−e^{d_i ω̄*²} φ_i μ*²/L + (1 − ω̄*μ*) ω̄*μ*),
     ∂_τ ω̄* = d_e^{-1/2} λ_i ω̄*μ* (1 − (1 + e^{d_i ω̄*²} d_i φ_i/L) μ*ω̄*).
-    This is the spec §5.2 ODE with a single head and a single task.
+    This is the reduced ODE with a single head and a single task.
 
     Args:
         omega_bar, mu: ω̄*, μ* (scalars or arrays of one shape); d_i, lam, phi: task i's d_i, λ_i,
@@ -572,7 +574,7 @@ def length_generalization_task_losses(d_i, lam, *, sigma2, L_train, L_test):
 
     L_i(L̃) = (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃
     (= ã/(1+ã) + (a−ã)²/((1+a)²(1+ã)): the intrinsic term (4.4) at L̃ plus a quadratic mismatch;
-    spec §5.7, derived from E.7 with W_X at (4.3), which does not depend on L, and μ_i at its
+    derived here from E.7 with W_X at (4.3), which does not depend on L, and μ_i at its
     length-L value; (5.2) itself prints the intrinsic term at L, the text and F.1 have L̃).
 
     Args:
@@ -638,7 +640,7 @@ def optimal_output_scale(B, b, d_i, lam, *, sigma2, L):
 
 
 def opts_allocation(B, d_i, lam, *, sigma2, L):
-    """Inner problem of (4.2): min_b L_sim(B, b) over b ≥ 0, 1ᵀb = B (convex; spec §5.5 solver).
+    """Inner problem of (4.2): min_b L_sim(B, b) over b ≥ 0, 1ᵀb = B (convex; the solver is iclab's).
 
     KKT: b_i = max(0, √(w_iκ_i/ν) − κ_i), w_i = λ_i d_i/d, κ_i = d_iφ_i e^B/L, with ν set by
     1ᵀb = B (bisection on log ν). Tasks with λ_i = 0 get b_i = 0.
@@ -825,7 +827,7 @@ def mmse_e3_form(r, *, I, sigma2, b):
     """Small-r Bayes form of E.3: Iσ² r/(1 + (b − 1) r); equals (4.6) only for b = SNR^{-1} = Iσ²/λ.
 
     Args:
-        r: d̄/L; I: tasks; sigma2: σ²; b: the printed b (E.3 says σ²/λ; spec §5.5).
+        r: d̄/L; I: tasks; sigma2: σ²; b: the printed b (E.3 says σ²/λ; (4.6) needs b = SNR^{-1}).
     Returns:
         float.
     """
@@ -911,7 +913,7 @@ def ridge_variance_bias_mp(r, *, I, lam, sigma2, b):
     """Asymptotic risk of per-task ridge with penalty b·d (E.27 derivation), summed over I tasks.
 
     Variance = σ²(d/L) E_ν[s/(s+κ)²], Bias = λ E_ν[κ²/(s+κ)²], κ = b d/L = b I r, ν = MP(r).
-    (Fig 5's "penalty" is read as this b; spec A8.)
+    (Fig 5's "penalty" is read as this b: our reading; the paper does not say.)
 
     Args:
         r: d̄/L; I: tasks; lam: every task's signal λ; sigma2: σ²; b: penalty coefficient (> 0; b = 0
@@ -985,7 +987,8 @@ def printed_variance_formula(r, *, I, sigma2, b):
 
 
 def printed_bias_formula_erratum(r, *, lam, b):
-    """Bias closed form as printed in E.27 / Thm 4.4. WRONG (spec §5.5, A7): kept to show the gap.
+    """Bias closed form as printed in E.27 / Thm 4.4. WRONG (not the MP integral; e.g. 1.38λ at b = 5, r = 3):
+    kept to show the gap.
 
     λ·((br(1+r) + (1−r)² − |1−r|√((br−1+r)² + 4br))/(2√((br−1+r)² + 4br)) + (1 − 1/r)1(r>1)).
     It is not the MP integral λE_ν[κ²/(s+κ)²] for any reading of b (it exceeds λ, e.g. 1.38λ at
@@ -1048,7 +1051,7 @@ def stein_first_moment(W, q, p2):
 def stein_second_moment(W, q, p2, f2):
     """E[X p pᵀ Xᵀ | q] = WqqᵀWᵀ·E[1 − ‖p‖² − 6‖p‖₃³ + 6‖p‖₂⁴ | q] + I·E[‖p‖² | q] (4.7; C.8).
 
-    Lemma C.8 prints ‖p‖₄⁴ for the last term; the exact identity has ‖p‖₂⁴ (spec §5.6).
+    Lemma C.8 prints ‖p‖₄⁴ for the last term; the exact identity has ‖p‖₂⁴ (tested by Monte Carlo).
 
     Args:
         W: (d, d); q: (..., d); p2, f2: (...) the two scalars of ``softmax_moment_scalars``.

@@ -6,7 +6,7 @@ weighted preconditioned gradient descent (WPGD), ŷ = xᵀ P Xᵀ(ω ⊙ y) (eqs
 holds the closed-form risk of that predictor under the correlated multitask model (Defs 1-2),
 its optimum (Thms 2-3, Cor 1), linear attention (Cor 2), scalar and vector gating with
 delimiters (Thms 4-5), and a numerical global minimiser that cross-checks all of them.
-Equation numbers are the paper's; the digest is ``shared/spec/gating.md``.
+Equation numbers are the paper's.
 
 Conventions: ``Sigma`` (d, d) feature covariance Σ; ``R`` (n, n) and ``r`` (n,) the task
 correlations of eq 12; ``sigma2`` the label-noise variance σ²; M = tr Σ + σ²; ``P`` (d, d)
@@ -17,7 +17,7 @@ order; the isotropic closed forms (Σ = I_d, eqs 17 and 24) take the dimension `
 (R, r) must come from a valid joint correlation [[R, r], [rᵀ, 1]] (PSD, unit diagonal), which the
 data model validates (``iclab.tasks.multitask.joint_task_correlation``).
 
-Errata handled here (spec §3, §7):
+Errata handled here:
 
 * Eq 15 prints P* = Σ^{-1/2}(γ*Σ/M + I)^{-1}Σ^{-1/2}. Back-transforming (42a) through
   P̃ = Σ^{1/2}PΣ^{1/2} (38) gives P* ∝ (γ*Σ/M + I)^{-1}; the printed form is not stationary
@@ -63,7 +63,7 @@ def wpgd_risk(P, omega, Sigma, R, r, sigma2):
     """Population risk of the WPGD predictor ŷ = xᵀPXᵀ(ω⊙y) (eq 37).
 
     L(P, ω) = M − 2 tr(Σ²P) ωᵀr + M‖ω‖² tr(ΣPᵀΣP) + (‖ω‖² + ωᵀRω) tr(Σ²PᵀΣP),
-    M = tr Σ + σ². Assumes E[β_iβ_jᵀ] = R_ij I_d (isotropic cross-covariance, spec §7).
+    M = tr Σ + σ². Assumes E[β_iβ_jᵀ] = R_ij I_d (isotropic cross-covariance; Def 1 states only the marginals).
     Differentiable in every argument.
 
     Args:
@@ -128,7 +128,7 @@ def wpgd_grad_tilde(P_tilde, omega, Sigma, R, r, sigma2):
     M = np.trace(Sigma) + sigma2
     w2 = omega @ omega
     PtP = Pt.T @ Pt
-    # Eq 40 prints ΣP̃ for the last term; d tr(ΣP̃ᵀP̃)/dP̃ = 2P̃Σ (spec §3 erratum list).
+    # Eq 40 prints ΣP̃ for the last term; d tr(ΣP̃ᵀP̃)/dP̃ = 2P̃Σ (an erratum: see the module docstring).
     g_P = -2.0 * (omega @ r) * Sigma + 2.0 * M * w2 * Pt + 2.0 * (w2 + omega @ R @ omega) * Pt @ Sigma
     g_w = (
         -2.0 * np.trace(Sigma @ Pt) * r
@@ -443,10 +443,10 @@ def optimal_preconditioner_given_weights(omega, Sigma, R, r, sigma2):
 
 
 def risk_given_weights(omega, Sigma, R, r, sigma2):
-    """min_P L(P, ω) = M − (ωᵀr)² Σ_i s_i² / (M‖ω‖² + (‖ω‖² + ωᵀRω) s_i) [derived from (37), (42a)].
+    """min_P L(P, ω) = M − (ωᵀr)² Σ_i s_i² / (M‖ω‖² + (‖ω‖² + ωᵀRω) s_i) (derived here from (37), (42a)).
 
     Scale-invariant in ω; for Σ = I it is the Rayleigh quotient
-    d + σ² − d(ωᵀr)²/((d+σ²+1)‖ω‖² + ωᵀRω) (spec §3) that yields eqs 17 and 24.
+    d + σ² − d(ωᵀr)²/((d+σ²+1)‖ω‖² + ωᵀRω) (derived here, P = cI) that yields eqs 17 and 24.
 
     Args:
         omega: (n,) weights (ω = 0 gives M); Sigma, R, r, sigma2 as in ``wpgd_risk``.
@@ -579,7 +579,7 @@ def _cone_rayleigh(b, Q, monotone):
     For the cone, w = T u with T lower-triangular ones and u ≥ 0. The optimum's support S makes
     u_S an interior stationary point of the face, i.e. u_S ∝ A_S^{-1}c_S, so enumerating the
     supports whose stationary point has one sign and keeping the largest ratio c_Sᵀ A_S^{-1} c_S
-    is exact (these are the "pooled" blocks of spec §8).
+    is exact (the binding constraints pool adjacent blocks to one weight).
     """
     K = b.shape[0]
     if not monotone:
@@ -676,7 +676,7 @@ def scalar_gating_optimum(Sigma, R, r, sigma2, block_sizes) -> GatingOptimum:
 
     The bound ω_K ≤ 1 is inactive because P absorbs the scale. For K = 2 the result is eq 17
     when r_1 ≤ r_2 and eq 24 otherwise (Σ = I, independent tasks); for K ≥ 3 it can lie strictly
-    between (spec §8).
+    between (derived here; tested in tests/experiments/test_gating_optimum.py).
 
     Args:
         Sigma: (d, d); R: (n, n); r: (n,); sigma2: σ².

@@ -18,7 +18,7 @@ TINY = dict(d=3, n=8, gammas=[0.6, 0.95], prompts=600, tune_prompts=300, chunk=3
             rls_betas=[0.7, 0.9, 1.0])
 
 
-# The tiny run compiles the whole evaluation twice (tuning and evaluation passes): ~8 s idle, so slow.
+# The tiny run compiles the whole evaluation twice (tuning and evaluation passes), so slow.
 @pytest.fixture(scope="module")
 def tiny():
     exp = get_experiment("drift.bayes")

@@ -19,10 +19,10 @@ TINY = dict(d=3, panels=[[0.0, 1.0], [0.8, 0.2]], rhos=[0.0, 0.5, 1.0], n_bars=[
 
 def test_closed_forms_of_the_paper_setting():
     config = bayes.GatingBayesConfig()
-    # n̄ = 5 < d: Bayes = d − r² n̄ (spec: independent tasks, σ = 0); WPGD and scalar gating are eq 17 / eq 22
+    # n̄ = 5 < d: Bayes = d − r² n̄ (independent tasks, σ = 0); WPGD and scalar gating are eq 17 / eq 22
     cf = bayes.closed_forms(config, np.array([0.0, 1.0]), 5)
     assert cf["bayes_closed"] == pytest.approx(10 - 5)
-    assert cf["wpgd"] / 10 == pytest.approx(0.6875, abs=5e-5)  # spec §4 table, (0, 1), n̄ = 5
+    assert cf["wpgd"] / 10 == pytest.approx(0.6875, abs=5e-5)  # eq 17 / d at (0, 1), n̄ = 5 (reference table)
     assert cf["scalar"] == pytest.approx(cf["wpgd"], rel=1e-10)  # r₁ ≤ r₂: scalar gating reaches eq 17
     # (0.8, 0.2): scalar gating = linear attention (eq 24) > eq 17 (Thm 4, K = 2)
     cf = bayes.closed_forms(config, np.array([0.8, 0.2]), 5)
@@ -99,7 +99,7 @@ def test_show_says_it_goes_beyond_the_paper():
     assert "goes beyond the paper" in " ".join(res.output.split())
 
 
-# One compile per n̄ (the block sizes are static): ~6 s idle for the tiny run, so slow.
+# One compile per n̄ (the block sizes are static), so slow.
 @pytest.mark.slow
 def test_tiny_run_end_to_end():
     exp = get_experiment("gating.bayes")

@@ -1,7 +1,7 @@
 """Shared pieces of the drift experiments: the task config, one training entry point for a grid of
 GLA models, and their evaluation against the Theorem 2/3 closed forms.
 
-Training (spec §5): AdamW on the mean squared query error, a fresh batch of prompts per step, through
+Training (the paper's Sec 5 settings): AdamW on the mean squared query error, a fresh batch of prompts per step, through
 the joint trainer :func:`iclab.engines.train_members`. A whole grid of models, one per (γ, λ) — and
 per layer count, one :class:`~iclab.engines.Members` group each — is trained in ONE run: their losses
 are summed and Adam/AdamW act elementwise, so every model follows exactly the updates it would get
@@ -60,12 +60,13 @@ PAPER = "drift"
 Kernel = Literal["xla", "native"]
 #: The compiled sampler's standard normals (``tasks.drift.NORMALS``): Box-Muller (one LLVM IR kernel over lanes of
 #: 4 prompts: Philox words, ln, cos and sin by polynomials to a few ulp, the tail beyond 6.66 σ (mass 2.7e-11)
-#: cut), ≈ 1.4x faster per core than the sampler's exact ziggurat.
+#: cut), straight-line vector code, faster per core than the sampler's exact ziggurat.
 NORMALS = "box_muller"
-#: The γ values of Fig 1a and of the LMS/RLS table (spec §5).
+#: The γ values of Fig 1a and of the paper's LMS/RLS table.
 PAPER_GAMMAS = (0.8, 0.85, 0.925, 0.95, 0.975)
-#: Spec §5 table (d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I): γ -> (λ*, err(λ*), err(λ = 1)).
-#: Derived in the digest [D] from Theorem 2; the paper prints no numbers for Fig 1.
+#: Reference table (d = 10, n = 100, σ_w² = 1, σ_e² = 0.01, Λ = I): γ -> (λ*, err(λ*), err(λ = 1)), Theorem 2
+#: minimised over λ, computed independently of iclab.theory.drift (tests/theory/test_drift.py holds the theory to
+#: it); the paper prints no numbers for Fig 1.
 SPEC_TABLE = {
     0.8: (0.7405, 0.24536, 0.27639),
     0.85: (0.7895, 0.30399, 0.35738),
@@ -77,7 +78,7 @@ SPEC_TABLE = {
 
 
 class TaskConfig(ExperimentConfig):
-    """The drifting-task setting of Figs 1-2 (spec §2, §5)."""
+    """The drifting-task setting of Figs 1-2 (eqs 2-4, 17; Sec 5)."""
 
     d: int = param(10, "input dimension d", paper=10, ge=1, le=256)
     n: int = param(100, "labelled context pairs n of a training prompt", paper=100, ge=1, le=10_000)
@@ -85,7 +86,7 @@ class TaskConfig(ExperimentConfig):
     sigma_e2: float = param(0.01, "variance σ_e² of the drift increments e_i", paper=0.01, ge=0, le=1e6)
     eigenvalues: list[float] | None = param(
         None, "eigenvalues of the diagonal input covariance Λ (length d); null: Λ = I",
-        paper=None, paper_note="unspecified; Λ = I fits the reported LMS/RLS numbers (spec §2)",
+        paper=None, paper_note="unspecified; Λ = I fits the reported LMS/RLS numbers",
     )
 
     @model_validator(mode="after")
@@ -113,7 +114,7 @@ class TaskConfig(ExperimentConfig):
 
 
 class TrainConfig(TaskConfig, TrainingConfig):
-    """AdamW training of GLA from a random Gaussian init (spec §5)."""
+    """AdamW training of GLA from a random Gaussian init (Sec 5)."""
 
     batch: int = param(5000, "prompts per step (a fresh batch every step)", paper=5000, ge=1, le=1_000_000)
     steps: int = param(2000, "optimiser steps", paper=2000,
@@ -195,8 +196,7 @@ def _forget_factors(params, settings):
 #: Whether one-layer models on the shared layout in float32 run the fused loss kernel
 #: (``gla_forget.readout_mse_shared``: loss and gradients in one pass, nothing per prompt written) instead
 #: of the read-out kernel ``readout_grid_shared`` and XLA's contractions of its residuals (its naive twin; equal to
-#: float32 rounding, not bit for bit). On 28 Nov 2026, alternated twice in one process at drift.fig1's paper
-#: settings: loss and gradient 0.122-0.143 → 0.048-0.054 s, the whole step 0.195-0.210 → 0.135-0.147 s.
+#: float32 rounding, not bit for bit): no per-prompt residuals are written and read back.
 FUSED_READOUT = True
 
 
@@ -433,7 +433,7 @@ def eval_prompts(config: TaskConfig, key, N: int, gamma, m: int | None = None):
     """N float64 evaluation prompts of length m (default n) at γ (scalar or (G,)): (Z, y), Z (*G, N, m+1, d+1).
 
     A training config's (``TrainConfig``) are drawn as its training batches are: by the compiled sampler under the
-    native backend (drift.baselines' 20 000 evaluation prompts in ≈ 0.1 s against ≈ 1 s for XLA's), else by XLA."""
+    native backend, else by XLA."""
     gamma = jnp.asarray(gamma, jnp.float64)
     args = (key, jnp.asarray(config.Lam()), config.n if m is None else m, N, gamma, config.sigma_w2, config.sigma_e2)
     if isinstance(config, TrainConfig) and backend() == "native":
@@ -519,7 +519,7 @@ def model_errors(config: TaskConfig, params, lam_train, gamma_train: float, lam_
 
 
 # --------------------------------------------------------------------------------------------
-# Baselines on held-out prompts (issue 22): eq 15's algorithm and the Kalman filter
+# Baselines on held-out prompts: eq 15's algorithm and the Kalman filter
 
 
 @functools.partial(jax.jit, static_argnames=("layers",))

@@ -5,7 +5,7 @@ A batch is a :class:`ICLBatch`: model inputs (token ids or input embeddings), se
 demonstration, for demonstration-level gating), and the positions whose next-token logits predict a
 label (``label_pos``) with the label class there (``label_cls``, -1 for padding). Training is AdamW
 on the cross-entropy at those positions; evaluation reads the query's label probabilities (softmax
-over the label tokens only) and reports accuracy and confidence (spec §5: the mean, over CORRECT
+over the label tokens only) and reports accuracy and confidence (Sec 5.3: the mean, over CORRECT
 predictions only, of the largest label probability).
 """
 
@@ -40,7 +40,7 @@ class ICLBatch:
 def label_metrics(label_logits: np.ndarray, labels: np.ndarray) -> dict:
     """Accuracy and confidence from the label logits (N, C) of N queries and their classes (N,).
 
-    Confidence (spec §5, check 14): mean over correctly classified queries of max_c p_c, p = softmax
+    Confidence (Sec 5.3): mean over correctly classified queries of max_c p_c, p = softmax
     over the C label logits; it lies in [1/C, 1]. NaN when nothing is correct."""
     z = label_logits - label_logits.max(axis=1, keepdims=True)
     p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)

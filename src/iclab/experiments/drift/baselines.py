@@ -35,8 +35,8 @@ from iclab.tasks.drift import sample_shared_batch
 from iclab.theory import drift as theory
 
 REL_TOL = 0.03  # trained GLA vs Theorem 2, as in drift.fig1
-# The paper's LMS/RLS protocol is partly unspecified (error definition, ŵ_0, P_0): the digest's own
-# simulation with the protocol used here differs from the reported numbers by up to 14 % (spec §5).
+# The paper's LMS/RLS protocol is partly unspecified (error definition, ŵ_0, P_0): a simulation with the
+# protocol used here differs from the reported numbers by up to 14 %.
 PAPER_BASELINE_RTOL = 0.2
 
 
@@ -48,7 +48,7 @@ class BaselinesConfig(TrainConfig):
     length: int = param(1000, "length of each filtered sequence", paper=1000, ge=2, le=1_000_000)
     trials: int = param(10_000, "Monte-Carlo sequences per γ", paper=10_000, ge=1, le=10_000_000)
     window: int = param(100, "the error is the a-priori squared error averaged over the last `window` steps (≤ length)",
-                        paper=None, paper_note="unspecified ('error near t = 1000'; spec §5)", ge=1, le=1_000_000)
+                        paper=None, paper_note="unspecified", ge=1, le=1_000_000)
     chunk: int = param(2000, "sequences filtered at once (memory)", ge=1, le=1_000_000)
 
     @model_validator(mode="after")
@@ -192,7 +192,7 @@ def checks_baselines(config: BaselinesConfig, r: dict) -> list:
             j = int(np.argmax(dev))
             out.append(check_at_most(f"simulated {name.upper()} ≈ paper's reported value (worst relative gap, γ = {gam[j]})",
                                      dev.max(), PAPER_BASELINE_RTOL,
-                                     "error definition, ŵ_0 and P_0 unspecified by the paper; the digest's simulation "
+                                     "error definition, ŵ_0 and P_0 unspecified by the paper; a simulation "
                                      "with this protocol (a-priori error over the last 100 steps, ŵ_0 = 0, P_0 = 100 I) is "
                                      "within 14 % of the reported numbers"))
     return out
@@ -257,36 +257,5 @@ register(
             "GLA(λ*) is not below the filters at that γ; the check on stalled models says which. "
             "`--set parametrisation=restricted` trains Theorem 1's weights, which have no such point.",
         ],
-        runtime={"quick": "9 s on the idle 2-core machine (43 s under load)",
-                 "paper": "103 s on the 2-core machine (run 29 Nov 2026, 02:45, a slow hour of this VM, with the fused "
-                          "loss kernel's register tiles: its 14 stored arrays bit for bit those of the following 118-s run). "
-                          "118 s (run 28 Nov 2026, 23:35, with normals = box_muller, the paper "
-                          "preset's since: the compiled sampler's Box-Muller kernel, other numbers from the same process; "
-                          "162 s with the ziggurat at 23:36, the same half hour, a slow one for this VM). 5/7 checks: the "
-                          "γ = 0.8 model on the rank-one saddle again (12.5 % above Theorem 2, named by the saddle check), so "
-                          "'GLA = Theorem 2' and 'below the paper's reported values' (1.08) fail; GLA(λ*) below both "
-                          "simulated filters at every γ (worst (GLA + 3 SE)/min(LMS, RLS) = 0.986). Before, with the "
-                          "ziggurat: 92 s on the idle 2-core machine (run 27 Nov 2026, 16:00, with the kernels' thread pool kept for the "
-                          "process; the same check values as the 117-s run of 08:34: LMS and RLS by the compiled filter kernel "
-                          "(baselines.filter_tail_errors), every γ's sequences from one draw of the native sampler, ≈ 6 s "
-                          "against ≈ 20 s; evaluation prompts from the compiled sampler, 1.3 s against 7 s; a 256-layer "
-                          "ziggurat; ≈ 0.053 s per training step, 0.041 s of it the sampler; rerun 28 Nov, 11:05, with the host "
-                          "calls through iclab's FFI handler: 211 s, the same check values, on a VM that ran 27 Nov's sampler "
-                          "2.5-2.9x slower than that day; rerun 28 Nov, 13:32, with the fused "
-                          "loss kernel (gla_forget.readout_mse_shared): 201 s on the same slow VM, every check value "
-                          "equal to the 211-s run's to 1e-6 relative; rerun 28 Nov, 17:16, with that kernel's token chunks: "
-                          "193 s, its 14 stored arrays bit for bit the 201-s run's). 5/7 checks: with these draws the "
-                          "γ = 0.8 model rests on the rank-one saddle (12.6 % above Theorem 2, route share 0.991; the saddle "
-                          "check names it), so 'GLA = Theorem 2' and 'below the paper's reported values' (1.08 at γ = 0.8) "
-                          "fail; the other four models are within 0.8-1.4 % of Theorem 2, and GLA(λ*) is below both simulated "
-                          "filters at every γ (worst (GLA + 3 SE)/min(LMS, RLS) = 0.987 at γ = 0.8). Over 4 seeds (--seeds 4, "
-                          "460 s): 3 of the 20 models on the saddle (γ = 0.8 at seeds 0 and 3, γ = 0.85 at seed 2), the other "
-                          "17 within 0.5-1.7 % of Theorem 2. 122 s the same morning with the 128-layer ziggurat (7/7: that "
-                          "draw's γ = 0.8 model left the saddle). Before: 149 s (06:32, the filters on XLA's scans, 7/7, every "
-                          "GLA array bit for bit that of the 399-s run of 02:30 with host_call and of the 488-s run with "
-                          "jax.pure_callback); 963 s on 26 Nov 2026 with the compiled sampler and read-out kernel; 1186 s, 5/7 "
-                          "with XLA sampling (25 Nov 2026; the γ = 0.8 model then rested on the saddle, 8.5 % above the "
-                          "reported RLS); 463 s before the joint-trainer migration. `--set parametrisation=restricted` (before "
-                          "the migration): 381 s, 7/7 checks, every GLA(λ*) within 0.3 % of Theorem 2"},
     )
 )

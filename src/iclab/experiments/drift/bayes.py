@@ -346,9 +346,5 @@ register(
             "their errors correlated. `seeds` is not used (nothing is trained; `prompts` sets the Monte-Carlo size).",
             "γ = 1 is the random walk (outside Theorem 1's 0 < γ < 1, inside Theorem 4's range).",
         ],
-        runtime={"quick": "≈ 15 s on the idle 2-core machine (estimated from runs under load); 5/5 checks at seeds 0 and 1",
-                 "paper": "≈ 2-3 min on the idle 2-core machine (estimated from a run under load); 5/5 checks. "
-                          "GLA(λ*)/Bayes risk: 1.006 at γ = 0.5, 1.05 at 0.8, 1.15 at 0.9, 1.39 at 0.95, 1.84 at "
-                          "0.975, 6.1 at γ = 1; the tuned RLS(β*) is below GLA(λ*) from γ ≈ 0.95 on, LMS(μ*) from 0.975"},
     )
 )

@@ -351,7 +351,7 @@ def checks_fig2(config: Fig2Config, r: dict) -> list:
             out.append(check_at_most(
                 f"{label}: deeper no worse than the 1-layer optimum (worst relative excess, L = {depths[deep[j]]}, "
                 f"λ = {lams[k]:g})", ratio.max(), REL_TOL,
-                "L-layer trained error vs Theorem 2/3 of the 1-layer optimum (spec §6.12); tolerance as (a)."
+                "L-layer trained error vs Theorem 2/3 of the 1-layer optimum (Fig 2a-b: deeper is no worse); tolerance as (a)."
                 + _deep_model_evidence(r, name, deep)))
     out.append(check_at_most("(c) 1-layer GLA trained at λ* = Theorem 2 err(λ*) (worst seed; relative gap)",
                              float(np.max(np.abs(r["star_err"] / r["err_star"] - 1))), REL_TOL))
@@ -466,38 +466,9 @@ register(
             "prompts; one restricted layer is evaluated exactly (theory.drift.restricted_error), two layers by Monte "
             "Carlo beside the 1-layer optimum on 1000 prompts.",
             "quick's peak lr is 2e-2, twice the paper's: from the small init the 2-layer model converges slowly, and at "
-            "1e-2 some seeds (with the random streams before and after issue 18 alike) left it a few % above the 1-layer "
+            "1e-2 some seeds leave it a few % above the 1-layer "
             "optimum after 200 steps, failing 'deeper no worse' by non-convergence, not by depth; at 2e-2 every probed "
-            "seed converged, at no extra cost (the same lr made drift.fig1's (b-d) worse, so it stays there).",
+            "seed converges, at no extra cost (the same lr makes drift.fig1's (b-d) worse, so it stays there).",
         ],
-        runtime={"quick": "38 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026; 17 s was a run with a warm compilation cache)",
-                 "paper": "749 s (12.5 min) on the idle 2-core machine (run 27 Nov 2026, 15:19; rerun 28 Nov, 01:24, with the "
-                          "layer kernels' aligned operands, chunked weight-gradient sums and rows loops: 884 s, the same "
-                          "check values: slower, not faster; an hour before, this VM ran the unchanged samplers 1.4-1.8x "
-                          "slower than on 27 Nov, so the wall time does not isolate the kernels; rerun 28 Nov, 10:39, with "
-                          "the host calls through iclab's FFI handler (operands in place): 890 s on a slow VM, the 28 stored "
-                          "arrays bit for bit those of 01:24; 27 Nov: the full layers as LLVM "
-                          "IR kernels (ops.decayed_attention._layer_ir) on the blocked layout, a first layer's backward without the token "
-                          "cotangent, no λ̄ for a fixed λ, each group's models in one host call, the kernels' thread pool "
-                          "kept; `iclab bench drift`: 0.36 s per step); 6/9 checks, every failure named by the checks' notes from the stored results. The "
-                          "1-layer models' numbers are those of the runs before (their kernel did not change): the model at "
-                          "λ = 0.8 rests on the rank-one saddle of the full weights (train error 0.9933 ± 0.0077 against the "
-                          "saddle's level 0.9944 and Theorem 2's 0.7102; see drift.fig1), so '(a) 1-layer = Theorem 2' fails; "
-                          "the other four are within 0.2-1.0 % (train) and 0.4-1.1 % (test), the λ* model 1.0 %, and every "
-                          "gradient-flow check passes. The deep models follow other trajectories than in earlier runs (float "
-                          "rounding: other summation orders), and the two 'deeper no worse' failures are again deep models "
-                          "whose training had not settled: 3 layers at λ = 0.8 spiked to 8·10¹⁵ at step 420 and ended 172 % "
-                          "above Theorem 2 (still descending); 3 layers at λ = 0.85 spiked to 3·10⁷ at step 260 (52 % above); "
-                          "at λ = 0.95-1 the residual stacks start from an exploding output (first recorded loss 10⁵ to 10¹⁶; "
-                          "3 layers 45-46 % above, 2 layers at λ = 1 5.4 %). The deep models that converged are below the "
-                          "1-layer optimum, as the paper says (2 layers at λ ≤ 0.95: 3.7-11.9 % below in train, 3.6-12.5 % in "
-                          "test; 3 layers at λ = 0.9: 6.9 % below). Before: 897 s (14:15, the same bits, threads started per kernel "
-                          "call); 1197 s (20 min; 11:52, the compiled layer kernels on "
-                          "the blocked layout, 0.49-0.55 s per step) and 1772 s (30 min; 08:48, the kernels transposing each "
-                          "block, 0.83 s per step), 6/9 with the same 1-layer failure and the same kinds of unsettled deep "
-                          "models; 2168 s (05:41, 128-layer ziggurat, evaluation prompts from XLA; its 28 stored arrays bit for "
-                          "bit those of the 3766-s run of 26 Nov under load): 7/9. The paper's init scale is unspecified (ours: "
-                          "std 0.1 on every entry). A run with `--set lams=[0.85,0.95] --set depths=[1,2]` (XLA forms): 1814 s "
-                          "idle, 8/9"},
     )
 )

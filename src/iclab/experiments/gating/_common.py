@@ -6,7 +6,7 @@ Models are the registered GLA families of :mod:`iclab.models.gla` (``linatt``, `
 or plain [x; y] tokens). What is particular to these figures (the closed form a kind is compared with,
 its label and colour) is a :class:`Kind`.
 
-Joint training (spec §5): every model of a seed — each kind, each panel (r₁, r₂) and each n̄ — is a member
+Joint training (our implementation of App B.1's one model per n̄): every model of a seed — each kind, each panel (r₁, r₂) and each n̄ — is a member
 of ONE :func:`iclab.engines.train_members` run on the sum of the models' batch losses; Adam acts
 elementwise, so each model follows exactly the updates it would get alone. Every member of a seed sees
 the same step's random numbers: one draw of inputs x and task normals G at the largest n̄ serves every
@@ -74,7 +74,7 @@ REF_CLASSES = ("att", "scalar", "vector", "half")
 #: The model families the gating experiments can train: those that read multitask tokens.
 TASKS = (gla.DELIMITED, gla.PLAIN)
 #: fold_in streams of a seed's key: member inits, training batches, test prompts, restricted-model inits, and
-#: the held-out prompts of the algorithm match and the Bayes risk (issue 22; no training stream is touched).
+#: the held-out prompts of the algorithm match and the Bayes risk (no training stream is touched).
 INIT_STREAM, DATA_STREAM, EVAL_STREAM, RESTRICTED_STREAM, MATCH_STREAM = 10, 20, 30, 100, 40
 #: Bounds of the member-id encoding (``member_id``).
 MAX_RESTARTS, MAX_N_BAR = 128, 1000
@@ -124,7 +124,7 @@ class TaskConfig(ExperimentConfig):
                               paper="0..50", paper_note="'vary n̄ from 0 to 50'; the grid is unspecified")
     query_context: Literal["c0", "zero"] = param(
         "c0", "context part of the query token: c̄_0 (as data tokens) or 0", paper=None,
-        paper_note="unspecified (spec §7); the Thm 4 proof needs query gate 1, i.e. c̄_0")
+        paper_note="unspecified; the Thm 4 proof needs query gate 1, i.e. c̄_0")
 
     @field_validator("n_bars")
     @classmethod
@@ -167,8 +167,8 @@ class TrainConfig(TrainingConfig, TaskConfig):
         "(arithmetic G·T(n̄_max), one small graph); both give the same models", paper=None,
         paper_note="implementation choice: 'separate' in both presets (with the native backend, training reads "
         "each n̄ at its own length anyway and the layout only shapes the evaluation); in XLA on the "
-        "10-value paper grid it trained gating.fig1's models at 2.32 s per Adam step against 7.57 s padded "
-        "(measured on the idle 2-core machine, 25 Nov 2026); 'padded' traces one graph whatever the grid's length")
+        "10-value paper grid 'separate' does a fraction of the arithmetic of 'padded' (Σ_n̄ T(n̄) against "
+        "G·T(n̄_max)); 'padded' traces one graph whatever the grid's length")
     n_eval: int = param(20_000, "fresh test prompts per seed and panel (shared by all models)", paper=None,
                         paper_note="unspecified", ge=100, le=10_000_000)
     eval_chunk: int = param(2048, "test prompts evaluated per jitted call (memory bound; at most n_eval are used)",
@@ -267,7 +267,7 @@ def half_gate_weights(n: int) -> np.ndarray:
     """ω_j = 2^{−(n+1−j)}, j = 1..n: the WPGD weights of scalar gates all equal to ½ (eq 11), query gate included.
 
     Without delimiters every token is [x; y], mean zero, and the gate φ(w_gᵀz) has no bias; the trained GLA-wo
-    settles at w_g ≈ 0, i.e. these weights [derived, observed in training].
+    settles at w_g ≈ 0, i.e. these weights (derived here, and observed in training).
     """
     return 0.5 ** (n - np.arange(n))
 
@@ -279,7 +279,7 @@ def theory_refs(d: int, sigma2: float, panels, n_bars, n_max: int) -> dict:
         eq17, eq24 (P, G): L*_WPGD (eq 17) and L*_ATT (eq 24);
         E_<cls> (P, G), P_<cls> (P, G, d, d), omega_<cls> (P, G, K n_max) for cls in att (ω = 1, eq 24),
         scalar (eq 22, Thm 4), vector (Thm 5) and half (every gate ½, ``half_gate_weights``: GLA-wo's
-        optimum among constant gates [derived]); n̄ = 0 gives ŷ = 0 and risk d + σ².
+        optimum among constant gates, derived here); n̄ = 0 gives ŷ = 0 and risk d + σ².
     """
     P_, G_ = len(panels), len(n_bars)
     out = {"eq17": np.zeros((P_, G_)), "eq24": np.zeros((P_, G_))}
@@ -824,7 +824,7 @@ def train_restricted(config: TaskConfig, kinds: Sequence[str], panels, *, steps:
 
 
 # --------------------------------------------------------------------------------------------
-# Baselines on held-out prompts (issue 22): algorithm match and the Bayes risk
+# Baselines on held-out prompts: algorithm match and the Bayes risk
 
 
 def match_prompts(config: TaskConfig, key_s, panel, n_bar: int, N: int):

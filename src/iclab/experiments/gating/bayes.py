@@ -317,9 +317,5 @@ register(
             "Prompts share their random numbers across panels and ρ (common random numbers); `seeds` is not used "
             "(nothing is trained; `prompts` sets the Monte-Carlo size).",
         ],
-        runtime={"quick": "≈ 12 s on the idle 2-core machine (estimated from runs under load); 6/6 checks at seeds 0 and 1",
-                 "paper": "≈ 3 min on the idle 2-core machine (estimated from a run under load); 6/6 checks. At ρ = 1 "
-                          "optimal WPGD is 1.03-1.06× the Bayes risk at n̄ = 2 and up to 2.1× at n̄ = 10 (r = (0.2, 0.8)); "
-                          "for r = (0, 1) and n̄ ≥ d the Bayes risk is 0 while WPGD keeps 0.18-0.52·d"},
     )
 )

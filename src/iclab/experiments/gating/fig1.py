@@ -56,15 +56,15 @@ FIG1_KINDS = {
     "gla_vector": Fig1Kind("GLA-vector", "vector"),
 }
 
-# The issue's tolerance for trained-vs-theory (spec §5 suggests "a few %"): a trained model's excess over
+# Our tolerance for trained-vs-theory (the paper shows visual overlap, no number): a trained model's excess over
 # the optimum of its class comes from finite training (constant-lr Adam fluctuations, gates that reach
 # 0 or 1 only asymptotically); the control-variate estimates carry standard errors well below it.
 REL_TOL = 0.05
 # Restricted models on the exact risk: no sampling noise; the residual is the sigmoid gates' distance from
 # 0/1 and unfinished descent, far below 1 %.
 RESTRICTED_TOL = 0.01
-# Issue 22: a model that implements an algorithm has sensitivity cosine ≥ 0.99 with it, and no trained model
-# beats the Bayes risk by more than 3 standard errors.
+# Algorithm match (our criterion): a model that implements an algorithm has sensitivity cosine ≥ 0.99 with it,
+# and no trained model beats the Bayes risk by more than 3 standard errors.
 COSINE_MIN = 0.99
 BAYES_Z = 3.0
 # The gap of a WPGD predictor near the optimum is, to second order, its excess risk over L*_WPGD (the optimum's
@@ -73,7 +73,8 @@ BAYES_Z = 3.0
 MATCH_TOL = RESTRICTED_TOL
 MATCH_TOL_NOTE = ("the gap is, to second order, the excess risk over L*_WPGD, which the restricted check bounds by "
                   f"{RESTRICTED_TOL:.0%}")
-#: Panels in which the restricted GLA-vector is matched with the optimal WPGD predictor (the issue's a-c).
+#: Panels in which the restricted GLA-vector is matched with the optimal WPGD predictor (a-c, where the paper has
+#: GLA = eq 17).
 MATCH_PANELS = ("a", "b", "c")
 # Max |z| of the reference predictors' raw Monte-Carlo MSE against their closed forms, over all seeds,
 # panels, n̄ and classes (≈ 100 correlated comparisons: P(|z| > 4.5) ≈ 7e-6 each).
@@ -99,7 +100,7 @@ class Fig1Config(TrainConfig):
         "near ½ the model mostly reads the last, less relevant task — so the escape from that plateau is slowest "
         "and most variable there")
     check_from: int = param(5, "smallest n̄ of the trained-vs-theory checks", paper=None,
-                            paper_note="the issue's n̄ ≥ 5", ge=0, le=1000)
+                            paper_note="unspecified; our choice", ge=0, le=1000)
     monotone_tol: float = param(0.01, "allowed increase of a curve between consecutive n̄ (risk/d), besides 3 SE",
                                 ge=0, le=1)
     restricted: bool = param(True, "also train the restricted models (eq 20 + gates on the contexts) on the exact "
@@ -108,7 +109,7 @@ class Fig1Config(TrainConfig):
     restricted_steps: int = param(3000, "Adam steps of the restricted models", ge=1, le=1_000_000)
     restricted_lr: float = param(0.02, "Adam learning rate of the restricted models", gt=0, le=10)
     n_match: int = param(1024, "held-out prompts per (seed, panel, n̄) on which the restricted GLA-vector is matched "
-                         "with the optimal WPGD predictor and the Bayes risk is averaged (issue 22)", paper=None,
+                         "with the optimal WPGD predictor and the Bayes risk is averaged", paper=None,
                          paper_note="extension: not in the paper", ge=2, le=1_000_000)
 
     @field_validator("models")
@@ -318,7 +319,7 @@ def checks_fig1(config: Fig1Config, r: dict) -> list:
                                     max(float(np.nanmax(z)) for z in zs), Z_MAX,
                                     "raw MSE of ŷ = xᵀP*Xᵀ(ω*⊙y) on the test prompts against eq 37 at the optimum; "
                                     "tests the sampler (Defs 1-2) and the closed forms, no training"))
-    note = ("minimum over runs of the control-variate estimate (module _common); tolerance: the issue's 5 %")
+    note = ("minimum over runs of the control-variate estimate (module _common); tolerance: our 5 %")
     rel_check("LinAtt = eq 24, all panels", "linatt", "eq24", names, note)
     rel_check("GLA = eq 17, panels a-c", "gla", "eq17", ["a", "b", "c"], note)
     rel_check("GLA = eq 24 (scalar gating cannot up-weight the earlier task), panel d", "gla", "eq24", ["d"], note)
@@ -335,7 +336,7 @@ def checks_fig1(config: Fig1Config, r: dict) -> list:
             f"panel d: GLA-vector below GLA by half the eq 24 − eq 17 gap at n̄ = {n_bars[big][k]} "
             "(0.5·gap − measured, ≤ 0)", 0.5 * theory_gap[k] - gap[k], 0.0,
             f"measured gap {gap[k]:.4f} ± {se[k]:.4f}, theory gap {theory_gap[k]:.4f}"))
-    rel_check("GLA-wo = WPGD with every gate ½ [derived], all panels", "gla_wo", "halfgate", names,
+    rel_check("GLA-wo = WPGD with every gate ½ (derived here), all panels", "gla_wo", "halfgate", names,
               "without delimiters the tokens are mean-zero and the gate has no bias: training settles at w_g ≈ 0, "
               "ω_j = 2^{j−n−1}")
     bcd = pidx(["b", "c", "d"])
@@ -406,7 +407,7 @@ def _match_checks(config: Fig1Config, r: dict) -> list:
         out.append(check_at_least(
             f"restricted GLA-vector = optimal WPGD, panels a-c, best seed: worst query-sensitivity cosine (panel "
             f"{names[idx[i]]}, n̄ = {n_bars[pos[g]]})", float(cos[i, g]), COSINE_MIN,
-            "mean over held-out prompts of cos(∂ŷ_GLA/∂x_q, ∂ŷ_WPGD*/∂x_q) (von Oswald et al. 2023); the issue's 0.99"))
+            "mean over held-out prompts of cos(∂ŷ_GLA/∂x_q, ∂ŷ_WPGD*/∂x_q) (von Oswald et al. 2023); our 0.99"))
     if "bayes_risk" in r:
         S = r["bayes_risk"].shape[0]
         bayes = r["bayes_risk"].mean(axis=0)  # the Bayes risk does not depend on the seed's delimiters
@@ -445,7 +446,7 @@ def plot_fig1(config: Fig1Config, r: dict):
         ax.plot(n_bars, r["eq24"][i], color=COLOR["eq24"], ls="--", lw=1.2, label="$L^*_{ATT}$ (24)")
         ax.plot(n_bars, r["eq17"][i], color=COLOR["eq17"], ls="--", lw=1.2, label="$L^*_{WPGD}$ (17)")
         if "risk_gla_wo" in r:
-            ax.plot(n_bars, r["halfgate"][i], color=COLOR["gla_wo"], ls=":", lw=1.2, label="gates ½ [derived]")
+            ax.plot(n_bars, r["halfgate"][i], color=COLOR["gla_wo"], ls=":", lw=1.2, label="gates ½ (derived)")
         grey = {}
         if "match_gla_vector_alg_risk" in r:
             grey["WPGD* (eq 17), held-out"] = np.mean(r["match_gla_vector_alg_risk"], axis=0)[i]
@@ -486,27 +487,6 @@ register(
                       "record_every": 100},
             "paper": {"seeds": 10},
         },
-        runtime={"quick": "35 s on the idle 2-core machine with the float32 kernels as LLVM IR (27 Nov 2026, 19:00, "
-                          "15/15); 42.5 s with the compiled kernels loaded from the kernel cache, 61.3 s on a "
-                          "machine's first run, which compiles them (measured 27 Nov 2026, 15/15 both); with "
-                          "kernel = xla (the quick preset before 27 Nov) 74 s that day, 93-110 s on 25 Nov, of "
-                          "which 52 s XLA compilation",
-                 "paper": "3344 s (56 min; run 28 Nov 2026, 07:22, with one token tensor for the four panels, "
-                          "≈ 0.27 s per Adam step in `iclab bench gating`); 16/16 checks, the same worst gaps to "
-                          "theory (the same bits as before this change: tested on the quick presets and on paper-scale "
-                          "steps). Before: 3794 s (63 min; run 27 Nov 2026, 17:55, on the idle 2-core machine with every float32 "
-                          "kernel as LLVM IR (iclab.ops.decayed_attention._layer_ir), ≈ 0.33 s per Adam step in the run, 0.28-0.31 s "
-                          "in `iclab bench gating`); 16/16 checks, the same worst gaps as the run before. That run: "
-                          "9913 s (2.75 h; 26 Nov 2026 with the earlier compiled kernels, the native backend, while "
-                          "drift.fig2's paper preset and short tests shared the two cores for over an hour of it; idle, "
-                          "`iclab bench gating` gave 0.82 s per Adam step, ≈ 2.3 h for the 10 000 steps, and "
-                          "evaluation, restricted models and baselines take ≈ 6 min); 16/16 checks. 1600 jointly "
-                          "trained models (4 kinds × 4 panels × 10 n̄ × 10 seeds; GLA-vector in every panel). Worst "
-                          "gaps to theory at n̄ ≥ 5, best of 10 seeds: LinAtt 1.3 % (eq 24), GLA 0.7 % (eq 17, a-c) and "
-                          "1.0 % (eq 24, d), GLA-vector 0.7 % (panel d) and 4.2 % (a-c, panel a, n̄ = 40), GLA-wo 0.2 % "
-                          "(½ gates); GLA-vector below GLA in panel d by more than half the eq 24 − eq 17 gap. Before, "
-                          "in XLA: 2.32 s per step (25 Nov), ≈ 6.5 h of training, never run to the end. 20 shards "
-                          "(panel × 2 n̄) for --executor ray"},
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
@@ -519,7 +499,8 @@ register(
             "bias: scalar φ(w_gᵀz)1 (GLA, GLA-wo) or vector φ(W_g z)1ᵀ with a linear head (GLA-vector); LinAtt has "
             "G ≡ 1. LinAtt, GLA and GLA-vector read the delimiter prompt (eq 19); GLA-wo reads [x; y] tokens.",
             "Readout: the label coordinate of o_{n+1} (LinAtt, GLA, GLA-wo); hᵀo_{n+1} (GLA-vector, Thm 5).",
-            "Contexts c̄_0..c̄_2 ~ N(0, I_p), one draw per seed; the query token carries c̄_0 (spec §7).",
+            "Contexts c̄_0..c̄_2 ~ N(0, I_p), one draw per seed; the query token carries c̄_0 (unspecified in the paper; "
+            "Thm 4's proof needs the query's gate 1).",
             "Risk: best over runs (seeds, and restarts where set) of a control-variate estimate against the optimal "
             "predictor of the compared closed form on the same test prompts (module _common); raw Monte-Carlo MSEs "
             "are stored too.",
@@ -536,12 +517,12 @@ register(
             "Init (unspecified): N(0, 0.1²) entries plus 0.3·I on W_q, W_k, W_v (0.3·e_y on the head), each model "
             "from its own key fold_in(fold_in(key_s, 10), member id) (module _common). From a plain Gaussian init "
             "many runs stall in a rank-one saddle (the value reads x, the key reads y).",
-            "GLA-wo learns w_g ≈ 0, i.e. every gate ½: its dotted curve is eq 37 at ω_j = 2^{j−n−1} [derived]. This "
+            "GLA-wo learns w_g ≈ 0, i.e. every gate ½: its dotted curve is eq 37 at ω_j = 2^{j−n−1} (derived here). This "
             "recency weighting puts GLA-wo BELOW LinAtt in panel a at small n̄ and makes it rise with n̄ in panels "
             "c-d, so 'GLA-wo worst' and 'every curve decreases' are checked in panels b-d and for the other models.",
             "Squares: restricted models (eq 20 weights, gates acting only on the contexts) trained with Adam on the "
             "exact risk eq 37 (population engine), checked against eq 24 / eq 22 / Thm 5 to 1 %.",
-            "Algorithm match (issue 22, extension, not in the paper): the restricted GLA-vector, run as the full one-layer "
+            "Algorithm match (extension, not in the paper): the restricted GLA-vector, run as the full one-layer "
             "GLA of Thm 5 (gla.restricted_to_full) on delimiter tokens, against the global WPGD optimum of eq 17 "
             "(theory.wpgd_optimum → iclab.baselines.wpgd on plain arrays) on n_match held-out prompts per (seed, panel, "
             "n̄ ≥ 1) from their own stream, panels a-c: gap E(ŷ − ŷ*)² relative to L*_WPGD and query-sensitivity "

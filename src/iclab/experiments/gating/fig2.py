@@ -31,7 +31,7 @@ from iclab.experiments._memory import largest
 
 # The registered family of the residual L-layer GLA (eq 25); its depth is an init option.
 FAMILY = "gla_multilayer"
-# One-layer GLA against eq 17: the issue's 5 % (finite training; the control-variate SEs lie well below it).
+# One-layer GLA against eq 17: our 5 %, as gating.fig1 (finite training; the control-variate SEs lie well below it).
 REL_TOL = 0.05
 # Deeper is lower: an L+1-layer model may lie above the L-layer one by at most 3 combined standard errors
 # (capped at this value) plus this relative allowance for unfinished training (the L+1-layer optimum is ≤ the L-layer one exactly,
@@ -154,7 +154,7 @@ def checks_fig2(config: Fig2Config, r: dict) -> list:
         k = int(np.argmax(rel))
         checks.append(check_at_most(f"1-layer GLA = eq 17 (worst relative gap, n̄ ≥ {config.check_from}: n̄ = "
                                     f"{n_bars[big][k]})", float(rel[k]), REL_TOL,
-                                    "best seed, control-variate estimate; tolerance: the issue's 5 %"))
+                                    "best seed, control-variate estimate; tolerance: our 5 %, as gating.fig1"))
     for L, L2 in zip(config.layers[:-1], config.layers[1:]):
         (a, sa), (b, sb) = _best(r, L), _best(r, L2)
         # the noise allowance is capped: a diverged model's huge SE must not make the comparison vacuous
@@ -207,42 +207,6 @@ register(
                       "seeds": 2, "n_eval": 4096, "record_every": 100},
             "paper": {"seeds": 10},
         },
-        runtime={"quick": "42 s on the idle 2-core machine, XLA compilation included (re-measured 25 Nov 2026, 4/4; 18 s was a run with a warm compilation cache)",
-                 "paper": "3224 s (54 min) on a slower 2-core host, the whole grid jointly (1 Dec 2026, 20:24-21:18, "
-                          "the first layers' backward in one pass: ≈ 0.30 s per step, evaluation included; the tests "
-                          "shared the cores ≈ 2 min), 4/4 checks; best of 10 seeds at n̄ = 40, 50: 0.216, 0.181 (1 "
-                          "layer), 0.055, 0.032 (2), 0.021, 0.022 (3). Before it: "
-                          "2831 s (47 min) on the idle 2-core machine, the whole grid jointly (29 Nov 2026, "
-                          "13:30-14:17, with the RNG bits from a compiled kernel, the kept projections and each "
-                          "model's blocks one at a time: ≈ 0.27 s per step; 2.5× the flop floor at 178 GFLOP/s, "
-                          "the bench's peak that day, evaluation included), 4/4 checks; best of 10 seeds at "
-                          "n̄ = 40, 50: 0.216, 0.182 (1 layer), 0.055, 0.032 (2), 0.021, 0.020 (3). Before it: "
-                          "5528 s (92 min), the whole grid jointly (27 Nov 2026, "
-                          "20:43-22:16, kernel = native: every float32 kernel as LLVM IR, whole models on the threads), "
-                          "4/4 checks; ≈ 0.58 s per Adam step in the run against 0.42 s in `iclab bench gating`'s step "
-                          "(the same evening; 0.37-0.41 s on 27 Nov 17:48-17:55, 0.88 s on 26 Nov). Alternated in one "
-                          "process on 28 Nov, the engine's steps (10-step chunks, 0.47 s a step with its evaluation) "
-                          "and the bench's loop (0.44-0.46 s) differ by 3-5 %; the rest of the gap is most likely this "
-                          "VM's drift over the run (±30 % within an hour) and, until 28 Nov, kernel operands on "
-                          "16-byte boundaries at random (up to 1.3x in the backward). Best of 10 seeds at n̄ = 40, 50: "
-                          "0.216, 0.182 (1 layer; eq 17: 0.216, 0.180), 0.055, 0.032 (2), 0.024, 0.020 (3). Before it, a sample of its shards at the paper's settings (`--set "
-                          "'n_bars=[0,1,40,50]' --executor local`, 26 Nov 2026, tests sharing the cores): L1.n0-1 524 s, "
-                          "L1.n40-50 1184 s, L2.n0-1 1168 s, L2.n40-50 3266 s, "
-                          "L3.n0-1 1575 s, L3.n40-50 3715 s (the last two beside each other for 35 min). Assembled from "
-                          "the 6 cached shards: 4/4 checks. Best of 10 seeds: the 1-layer GLA is within 0.01, 0.20, 0.28 "
-                          "and 0.64 % of eq 17 at n̄ = 0, 1, 40, 50 (the check allows 5 %); deeper is lower, as Thm 6 "
-                          "says: at n̄ = 40 and 50, 0.216 and 0.181 (1 layer), 0.055 and 0.032 (2), 0.021 and 0.023 (3). Idle step of each shard "
-                          "(5-step runs, native, 26 Nov): L1 0.008-0.065 s, L2 0.022-0.21 s, L3 0.037-0.31 s at n̄ 0-1 and "
-                          "40-50; the largest shard, L3.n40-50, ≈ 56 min with its evaluation; all 15 shards ≈ 4.9 h of "
-                          "2-core time (each shard draws its own batch at n̄ = 50 and evaluates apart). So 15 two-core "
-                          "workers, one shard each (`--executor ray`), make the figure ≈ 1 h; with the kernels of 27 Nov "
-                          "(L1 0.006-0.071 s, L2 0.018-0.112 s, L3 0.023-0.151 s per step; the shards not rerun) the "
-                          "largest shard trains in ≈ 25 min, so that hour is an upper bound (lower still with the kernels "
-                          "of 17:55, not measured per shard). Two shards of the full grid run sharded on this machine "
-                          "(`--executor local --workers 1`, 27 Nov 20:12-20:42, tests sharing the cores part of the time): "
-                          "L1.n0-1 415 s, L1.n2-5 665 s: on one machine the joint run is the cheaper form (each shard "
-                          "draws the whole batch at n̄ = 50 every step). The flop floor at the measured peak is 13-18 min "
-                          "of 2-core time (2.05·10¹⁴ flops at 194-268 GFLOP/s); the joint run took 5-7× that"},
         run=run_fig2,
         checks=checks_fig2,
         plot=plot_fig2,
@@ -253,7 +217,7 @@ register(
         notes=[
             "Residual L-layer GLA of eq 25 (no MLP, no normalisation), unrestricted W_q, W_k, W_v and its own "
             "scalar sigmoid gate w_g in every layer, delimiter prompts (eq 19); readout: the label slot of the "
-            "query token after the last layer. Layer details are unspecified in the paper (spec §5).",
+            "query token after the last layer. Layer details are unspecified in the paper (App B.2); these are our choices.",
             "The paper gives no theory curve for L ≥ 2; eq 17 (the one-step optimum) and eq 24 are drawn for "
             "reference, and the one-layer model is checked against eq 17.",
             "Training (our choices, unspecified in the paper): Adam with each model's gradient clipped to norm "

@@ -1,6 +1,6 @@
 """gating optimum: the closed-form optima of the multitask setting (theory only) — eq 17 / Thm 2 (WPGD), eq 24
-(linear attention), eq 22 (scalar gating, Thm 4) and Thm 5 (vector gating) against n̄, the gap eq 24 − eq 17, the
-spec's §4 table, and a numerical global minimiser of eq 37."""
+(linear attention), eq 22 (scalar gating, Thm 4) and Thm 5 (vector gating) against n̄, the gap eq 24 − eq 17, a
+reference table of the paper's setting, and a numerical global minimiser of eq 37."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ from iclab.experiments.gating._common import PANELS, PAPER
 from iclab.tasks import multitask as mt
 from iclab.theory import wpgd as theory
 
-#: Spec §4 table (d = 10, σ = 0, Σ = I, independent tasks): risk/d at n̄ = 1, 5, 10, 20, 50 [derived in the spec].
+#: Reference table (d = 10, σ = 0, Σ = I, independent tasks): risk/d at n̄ = 1, 5, 10, 20, 50, from the equal-n̄
+#: closed forms derived by hand, independently of iclab.theory.wpgd: with c = d + σ² + 1 and σ = 0,
+#: eq 17 / d = 1 − n̄ Σ_k r_k²/(n̄ + c) and eq 24 / d = 1 − n̄ (Σ_k r_k)²/(K(n̄ + c)).
 TABLE_N_BARS = (1, 5, 10, 20, 50)
 TABLE_WPGD = {(0.0, 1.0): (0.9167, 0.6875, 0.5238, 0.3548, 0.1803),
               (0.2, 0.8): (0.9433, 0.7875, 0.6762, 0.5613, 0.4426),
               (0.8, 0.2): (0.9433, 0.7875, 0.6762, 0.5613, 0.4426)}
 TABLE_ATT = (0.9583, 0.8438, 0.7619, 0.6774, 0.5902)  # all four panels
-# The spec prints four decimals: a correct value differs from it by at most 5e-5 (+ rounding of the last digit).
+# The table has four decimals: a correct value differs from it by at most 5e-5 (+ rounding of the last digit).
 TABLE_TOL = 1e-4
 # Closed form against BFGS on eq 37 (float64, several restarts): agreement to rounding of the optimiser.
 BFGS_TOL = 1e-6
@@ -33,7 +35,7 @@ class OptimumConfig(ExperimentConfig):
     sigma2: float = param(0.0, "label-noise variance σ²", paper=0.0, ge=0, le=1e4)
     Sigma_eigenvalues: list[float] | None = param(
         None, "eigenvalues of a diagonal input covariance Σ (length d); null: Σ = I", paper=None,
-        paper_note="the experiments use Σ = I; Thm 2 (with the corrected P*, spec §3) covers any Σ")
+        paper_note="the experiments use Σ = I; Thm 2 (with the corrected P*) covers any Σ")
     task_R: list[list[float]] = param([[1.0, 0.0], [0.0, 1.0]], "task correlations E[β_iᵀβ_j]/d, K × K",
                                       paper=[[1.0, 0.0], [0.0, 1.0]], paper_note="App B.1: independent tasks")
     task_rs: list[list[float]] = param([list(p) for p in PANELS], "one setting per row: (E[β_kᵀβ]/d)_k, length K",
@@ -144,8 +146,8 @@ def checks_optimum(config: OptimumConfig, r: dict) -> list:
                 err = np.abs(r[name][s, cols] - np.asarray(want))
                 if err.max() > worst:
                     worst, where = float(err.max()), f"{name}, r = {key}, n̄ = {TABLE_N_BARS[int(np.argmax(err))]}"
-        checks.append(check_at_most(f"spec §4 table (eqs 17, 24, 22, Thm 5 / d), max abs error ({where})", worst,
-                                    TABLE_TOL, "the spec prints four decimals"))
+        checks.append(check_at_most(f"reference table (eqs 17, 24, 22, Thm 5 / d), max abs error ({where})", worst,
+                                    TABLE_TOL, "the table has four decimals"))
     pos = np.asarray(n_bars) >= 1
     for name, other in (("wpgd", "att"), ("wpgd", "scalar"), ("scalar", "att"), ("wpgd", "vector")):
         viol = float(np.max(r[name][:, pos] - r[other][:, pos]))
@@ -199,18 +201,18 @@ register(
         id="gating.optimum",
         title="Closed-form optima of WPGD, linear attention, scalar and vector gating vs n̄ (theory only)",
         paper=PAPER,
-        reference="eqs 17, 22, 24, 37; Thms 2-5; spec §4 table",
+        reference="eqs 17, 22, 24, 37; Thms 2-5",
         config=OptimumConfig,
         presets={"quick": {"n_bars": [0, 1, 2, 5, 10, 15, 20, 30, 40, 50]}, "paper": {}},
-        runtime={"quick": "9 s on the idle 2-core machine (48 s under load)", "paper": "10 s (idle); 9/9 checks"},
         run=run_optimum,
         checks=checks_optimum,
         plot=plot_optimum,
         memory=memory_optimum,
         notes=[
-            "Theory only (iclab.theory.wpgd): eq 17 and Thm 2 with the corrected P* (spec §3), eq 24, eq 22 via the "
-            "exact monotone-cone Rayleigh quotient, Thm 5 over block weights; risks divided by d.",
-            "The §4 table check runs only in the paper's setting (d = 10, σ = 0, Σ = I, independent tasks).",
+            "Theory only (iclab.theory.wpgd): eq 17 and Thm 2 with the corrected P* (eq 15 prints a form that is not "
+            "stationary for Σ ≠ I), eq 24, eq 22 via the exact monotone-cone Rayleigh quotient, Thm 5 over block "
+            "weights; risks divided by d.",
+            "The reference-table check runs only in the paper's setting (d = 10, σ = 0, Σ = I, independent tasks).",
             "BFGS (scipy, autodiff of eq 37 only, random restarts) cross-checks each closed form at bfgs_n_bars.",
             "Any (task R, r, Σ, σ²) can be set; r = 0 gives the trivial optimum ŷ = 0 (risk tr Σ + σ²).",
         ],

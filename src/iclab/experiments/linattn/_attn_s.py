@@ -2,7 +2,7 @@
 trajectory the checks need (plateaus, drop times, head-eigenvector alignment, eq-21 overlay), and the
 rank-R escape rule of Figs 11 and 13.
 
-Times are t = Σ lr; the paper's time is t/τ = 2t (spec §4), so eq 21 is integrated over 2t.
+Times are t = Σ lr; the paper's time is t/τ = 2t (linattn._common), so eq 21 is integrated over 2t.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class AttnSConfig(CovarianceConfig):
         gt=0, le=10,
     )
     lr: float = param(0.197, "GD learning rate η (paper convention, with 1/N)", paper=0.197,
-                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·N^{2/3} = 0.197 here (spec §4)",
+                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·N^{2/3} = 0.197 here (linattn._common)",
                       gt=0, le=10)
     steps: int = param(
         50_000, "GD steps", paper=10_000,
@@ -406,7 +406,7 @@ def escape_violations(escapes: list[list[int]], R: int) -> int:
 
 
 def group_values(v_star, R: int) -> np.ndarray:
-    """|v| of the heads at convergence when head j carries e_{jR+1} … e_{(j+1)R} (Sec 5) [derived]:
+    """|v| of the heads at convergence when head j carries e_{jR+1} … e_{(j+1)R} (Sec 5; derived here):
     v_j³ = Σ_{d in group j} v*_d³, since each head is balanced (Σ_r ‖k_{i,r}‖² = v_i², eq 88) and
     carries λ_d/a_d = v*_d³ on each of its directions (eq 18). Returns (⌈D/R⌉,)."""
     cubes = np.asarray(v_star, dtype=float) ** 3

@@ -5,10 +5,11 @@ Every figure trains through :func:`iclab.engines.linreg.train`; its config build
 of its runs in a method and checks them in a validator (:func:`training_spec`), so a combination the
 engine cannot run is a config error before anything runs.
 
-Time axis: t = Σ lr of GD on the mean squared query loss; the paper's time is t/τ = 2t (spec §4).
-Models use the paper convention (1/N inside the attention); learning rates of the reference code,
-which has no 1/N, map to ours by η = N·η_ref for ATTN_M and η = N^{2/3}·η_ref for ATTN_S
-(spec §4), which keeps its step axis.
+Time axis: t = Σ lr of GD on the mean squared query loss; the paper's time is t/τ = 2t (derived here: the
+gradient flow τ dW/dt = −½ ∂L/∂W of eq 5 is the small-lr limit of GD on L). Models use the paper convention
+(1/N inside the attention); learning rates of the reference code, which has no 1/N, map to ours by
+η = N·η_ref for ATTN_M and η = N^{2/3}·η_ref for ATTN_S, which keeps its step axis (derived here: the reference
+model is the paper's with weights × √N for ATTN_M and × N^{1/3} for ATTN_S).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ PAPER = "linattn"
 
 
 class CovarianceConfig(ExperimentConfig):
-    """Λ from explicit eigenvalues or a named spectrum, optionally rotated (spec §2)."""
+    """Λ from explicit eigenvalues or a named spectrum, optionally rotated (Sec 2.1)."""
 
     D: int = param(4, "input dimension D", paper=4, ge=1, le=64)
     eigenvalues: list[float] | None = param(

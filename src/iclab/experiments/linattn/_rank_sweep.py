@@ -20,7 +20,7 @@ from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covaria
 from iclab.tasks.linreg import Spectrum
 from iclab.theory import linattn as theory
 
-# The reference code's lr 0.02 has no 1/N; for ATTN_S it is 0.02·N^{2/3} in our convention (spec §4).
+# The reference code's lr 0.02 has no 1/N; for ATTN_S it is 0.02·N^{2/3} in our convention (linattn._common).
 REFERENCE_LR = 0.02 * 31 ** (2 / 3)
 # A level is visited when the loss rests within its band for at least VISIT_DWELL escape times
 # 1/(2λ²_{m+1}) (see :func:`normalized_dwell`); a plateau at R | m is conspicuous when its dwell is at
@@ -49,7 +49,7 @@ class RankSweepConfig(CovarianceConfig):
                    "in its middle plateaus (see notes)", gt=0, le=10,
     )
     lr: float = param(REFERENCE_LR, "GD learning rate η (paper convention, with 1/N)", paper=REFERENCE_LR,
-                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·31^{2/3} = 0.197 here (spec §4)",
+                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·31^{2/3} = 0.197 here (linattn._common)",
                       gt=0, le=10)
     steps: int = param(20_000, "GD steps", paper=20_000, paper_note="reference code: --epoch 20001 (20001 losses)",
                        ge=1, le=10_000_000)
@@ -200,14 +200,14 @@ def checks_rank_sweep(config: RankSweepConfig, r: dict) -> list:
             f"R = {R}: the loss rests at every L(M_m) with R | m, m = {expected} (least seed-median dwell)",
             low, VISIT_DWELL,
             per_level + f". Visited: a rest of ≥ {VISIT_DWELL:g} escape time, the time scale of leaving M_m. "
-            "Median over seeds: with random init the heads race, and a seed may merge two escapes (spec §5, F.5)."))
+            "Median over seeds: with random init the heads race, and a seed may merge two escapes (App F.5)."))
         if R > 1:
             checks.append(check_at_least(
                 f"R = {R}: plateaus at R | m outlast every plateau at R ∤ m (ratio of seed-median dwells)",
                 low / high, CONSPICUOUS_RATIO,
                 per_level + f". Conspicuous = at least {CONSPICUOUS_RATIO:g}× longer than any level with R ∤ m: "
                 "there a pair of a head whose v is already O(1) grows exponentially, instead of a fresh head "
-                "escaping from v ≈ w_init (spec §5)."))
+                "escaping from v ≈ w_init (Sec 5)."))
         worst, worst_level = worst_visited_plateau(t, pop, levels, dwell)
         checks.append(check_abs(
             f"R = {R}: loss on the visited plateaus = eq 19 (worst seed and level)", worst, worst_level,
@@ -264,7 +264,7 @@ NOTES = [
     ".5191, .4244, .3579, .3079, .2685, .2366, .2101.",
     "Procedure of the reference command (`--init 5e-3 --trainset_size 80000 --epoch 20001 --lr 0.02`): "
     "full-batch GD on P = 80000 fixed prompts per seed for 20000 steps, lr 0.02·31^{2/3} = 0.197 in the paper's "
-    "convention (with 1/N; spec §4). Each seed draws its own data and init; all ranks share them.",
+    "convention (with 1/N; linattn._common). Each seed draws its own data and init; all ranks share them.",
     "Engine: the moments engine (exact full-batch GD from the sufficient statistics of the P prompts; per step "
     "independent of P and N). statistics = direct draws each prompt's (β, x_q, y_q) from their exact joint law "
     "(tasks.linreg.sample_query_moments), which is all the reduced model reads; `--set statistics=prompts` uses "

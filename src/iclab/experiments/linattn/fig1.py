@@ -30,14 +30,14 @@ from iclab.tasks.linreg import sample_prompts
 from iclab.theory import linattn as theory
 
 MODELS = ("attn_m", "mlp")
-#: The runs whose trained ATTN_M is matched with eq 11's predictor (issue 22), in the order of the match arrays.
+#: The runs whose trained ATTN_M is matched with eq 11's predictor, in the order of the match arrays.
 MATCH_RUNS = ("population", "sampled")
 #: fold_in stream of a seed's key for the held-out prompts of the algorithm match (1: init, 2: training
 #: prompts, 7: rotation): prompts no run has seen, and the training streams stay untouched.
 EVAL_STREAM = 11
-#: Sensitivity cosine required of a model that implements an algorithm (issue 22).
+#: Sensitivity cosine required of a model that implements an algorithm (our criterion).
 COSINE_MIN = 0.99
-#: A trained model may not beat the Bayes risk by more than this many standard errors (issue 22).
+#: A trained model may not beat the Bayes risk by more than this many standard errors.
 BAYES_Z = 3.0
 
 
@@ -58,7 +58,7 @@ class Fig1Config(CovarianceConfig):
     )
     n_eval: int = param(4096, "held-out prompts per seed on which the trained ATTN_M is matched with eq 11's "
                         "predictor and the baselines (drawn from fold_in(key_s, 11))", paper=None,
-                        paper_note="extension (issue 22): not in the paper", ge=2, le=1_000_000)
+                        paper_note="extension: not in the paper", ge=2, le=1_000_000)
 
     def training(self, model: str, engine: Engine) -> LinregTraining:
         """The run of one model by one engine: population GD (or gradient flow over t = steps·lr), or
@@ -250,7 +250,7 @@ def _match_checks(config: Fig1Config, r: dict) -> list:
     out.append(check_at_least(
         f"trained ATTN_M = eq 11's predictor: worst query-sensitivity cosine ({MATCH_RUNS[k[0]]} run, seed {k[1]})",
         float(cos[k]), COSINE_MIN,
-        "mean over held-out prompts of cos(∂ŷ_ATTN_M/∂x_q, ∂ŷ_eq11/∂x_q) (von Oswald et al. 2023); the issue's 0.99"))
+        "mean over held-out prompts of cos(∂ŷ_ATTN_M/∂x_q, ∂ŷ_eq11/∂x_q) (von Oswald et al. 2023); our 0.99"))
     margin = r["match_excess"] + BAYES_Z * r["match_excess_se"]
     k = np.unravel_index(np.argmin(margin), margin.shape)
     out.append(check_at_least(
@@ -299,13 +299,12 @@ register(
         run=run_fig1,
         checks=checks_fig1,
         plot=plot_fig1,
-        runtime={"quick": "6 s on the idle 2-core machine (22 s on a slower one)", "paper": "6 s on the idle 2-core machine (84 s at load 7); 7/7 checks"},
         notes=[
             "Λ is not in the caption; we use the reference code's eigenvalues (.4, .3, .2, .1), unrotated by default (rotation changes neither curve).",
-            "lr and steps are unspecified in the paper; the reference code's lr 1e-3 without the 1/N factor equals lr = 0.031 with it (spec §4), on the same step axis.",
+            "lr and steps are unspecified in the paper; the reference code's lr 1e-3 without the 1/N factor equals lr = 0.031 with it (linattn._common), on the same step axis.",
             "Dashed lines: L(M₀) = trΛ and L(M_D) (eq 19 with m = D; 0.13600 at the defaults).",
             "The sampled panel shows the training loss; the drop count and plateau check use the population loss of the sampled weights (an exact function of the weights, free of the O(1/√P) offset of the empirical loss).",
-            "Algorithm match (issue 22, extension): each run's trained ATTN_M against eq 11's predictor, one step of preconditioned GD with P = A*ᵀ, A* = (Λ + (Λ + trΛ·I)/N)⁻¹ (iclab.baselines.preconditioned_gd), on n_eval held-out prompts per seed (fold_in(key_s, 11)): the gap E(ŷ − ŷ_eq11)², which equals the excess population loss because ŷ is linear in A, is checked against the final-loss tolerance (population run) and against the asymptotic excess of a least-squares fit on P prompts (sampled run); the query-sensitivity cosine ≥ 0.99; and no model below the Bayes risk by more than 3 SE — which is 0 here (N ≥ D noiseless pairs: the posterior mean is least squares), so that floor cannot bind. Thin grey lines: one GD step, eq 11 and the Bayes risk on the held-out prompts.",
+            "Algorithm match (extension, not in the paper): each run's trained ATTN_M against eq 11's predictor, one step of preconditioned GD with P = A*ᵀ, A* = (Λ + (Λ + trΛ·I)/N)⁻¹ (iclab.baselines.preconditioned_gd), on n_eval held-out prompts per seed (fold_in(key_s, 11)): the gap E(ŷ − ŷ_eq11)², which equals the excess population loss because ŷ is linear in A, is checked against the final-loss tolerance (population run) and against the asymptotic excess of a least-squares fit on P prompts (sampled run); the query-sensitivity cosine ≥ 0.99; and no model below the Bayes risk by more than 3 SE — which is 0 here (N ≥ D noiseless pairs: the posterior mean is least squares), so that floor cannot bind. Thin grey lines: one GD step, eq 11 and the Bayes risk on the held-out prompts.",
         ],
         memory=memory_fig1,
     )

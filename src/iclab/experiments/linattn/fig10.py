@@ -180,7 +180,6 @@ register(
         checks=checks_fig10,
         plot=plot_fig10,
         memory=attn_s_memory,
-        runtime={"quick": "5 s on the idle 2-core machine (20 s on a slower one)", "paper": "9 s on the idle 2-core machine (146 s at load 7); 3/3 checks"},
         notes=[
             "Fig 10 is the Fig 3 setup (linattn.fig3: H = 4, w_init = 0.06, P = 80000, lr 0.197, 50k steps) with "
             "t_1 … t_D marked; t_m is where the exact loss of the weights has made 90 % of the m-th drop.",

@@ -46,7 +46,7 @@ def checks_fig11(config: Fig11Config, r: dict) -> list:
         out.append(check_at_most(f"R = {R}: plateau losses = eq 19 (worst |L − L(M_m)| over plateaus and seeds)",
                                  float(plateau_errors(r[f"{tag}t"], r[f"{tag}pop"], r[f"{tag}plateau_levels"]).max()),
                                  0.01, "exact loss of the weights at every plateau, brief or conspicuous, and at the "
-                                 "end, vs the nearest eq-19 level (spec §7.9)"))
+                                 "end, vs the nearest eq-19 level (our tolerance)"))
     return out
 
 
@@ -73,16 +73,15 @@ register(
         checks=checks_fig11,
         plot=plot_fig11,
         memory=attn_s_memory,
-        runtime={"quick": "5 s on the idle 2-core machine (29 s on a slower one)", "paper": "9 s on the idle 2-core machine (50 s at load 6); 9/9 checks"},
         notes=[
             "The Fig 3 setup (w_init = 0.06, P = 80000, lr 0.197, 50k steps, λ = (.4, .3, .2, .1)) with H = 5 heads "
             "of rank R = 2, 3, 4 as in the caption.",
-            "The paper writes 'm divides R'; its examples mean R | m (spec §8).",
+            "The paper writes 'm divides R'; its examples mean R | m.",
             "Brief plateaus (R ∤ m) are still plateaus: a head whose v_i is already large learns the next direction "
             "with a new (k, q) pair after a short delay, so count_drops sees them. 'Conspicuous' is therefore read "
             "off the weights: the plateau a new v_i escapes from.",
             "Lower panels: dashed lines at (Σ_{d in group} v*_d³)^{1/3}, the |v| of a head carrying a group of R "
-            "consecutive directions at convergence [derived from eqs 18, 88]; not checked.",
+            "consecutive directions at convergence (derived here from eqs 18, 88); not checked.",
             "Some seeds have two heads escaping M_0 together (their initial scales within a few %); their "
             "conspicuous plateau at M_R is then brief. The exact-pattern check asks for a majority of seeds.",
         ],

@@ -27,7 +27,6 @@ register(
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
         memory=rank_sweep_memory,
-        runtime={"quick": "9 s on the idle 2-core machine (45 s on a slower one)", "paper": "11 s on the idle 2-core machine (49 s at load 5); 16/16 checks"},
         notes=NOTES,
     )
 )

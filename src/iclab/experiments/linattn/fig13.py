@@ -77,14 +77,13 @@ register(
         checks=checks_fig13,
         plot=plot_fig13,
         memory=attn_s_memory,
-        runtime={"quick": "6 s on the idle 2-core machine (31 s on a slower one)", "paper": "12 s on the idle 2-core machine (78 s at load 6); 12/12 checks"},
         notes=[
             "The Fig 3 setup (H = 4, w_init = 0.06, P = 80000, lr 0.197, 50k steps) with λ = (.35, .35, .15, .15). "
             "The paper's four panels differ in R without saying which; ranks is a config field (default 1-4).",
             "F.5: with repeated eigenvalues plateaus can still appear from random init, and can be skipped for some "
             "seeds; the checks therefore test the levels of the plateaus that are visited, the final loss, and the "
             "R | m escape rule, not a plateau count. Each panel title lists the visited levels per seed.",
-            "Lower panels: dashed lines at (Σ_{d in group} v*_d³)^{1/3} [derived], as in linattn.fig11.",
+            "Lower panels: dashed lines at (Σ_{d in group} v*_d³)^{1/3} (derived here), as in linattn.fig11.",
         ],
     )
 )

@@ -347,7 +347,6 @@ register(
         run=run_fig14,
         checks=checks_fig14,
         plot=plot_fig14,
-        runtime={"quick": "7 s on the idle 2-core machine (33 s on a slower one)", "paper": "9 s on the idle 2-core machine (35 s at load 4); 8/8 checks"},
         notes=[
             "Model: full-matrix ATTN_M (every block trainable, v⃗_i = u_i = 0 only at init): with a fixed task the "
             "zero blocks get gradients (eq 90) and carry the in-weight prediction, so the reduced eq-M model is not "

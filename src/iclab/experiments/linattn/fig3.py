@@ -75,7 +75,7 @@ def checks_fig3(config: Fig3Config, r: dict) -> list:
         out.append(check_at_most(f"plateau losses = eq 19 ({name}; worst |L − L(M_m)| over plateaus and seeds)",
                                  float(plateau_errors(t, pop, levels).max()), 0.01,
                                  "loss at the slowest record of each plateau, its start and the last record, vs the "
-                                 "nearest eq-19 level; spec §7.9 (observed ≤ .006 at P ≥ 5000)"))
+                                 "nearest eq-19 level (our tolerance)"))
     # Alignment is the theory's statement about the population loss; with finite P the weakly determined
     # directions (curvature λ_d a_d ≈ 1e-3 for e_4) tilt by O(P^{-1/2}) more than 1 − 0.99.
     prefix, name = ("pe_", "population engine") if "pe_pop" in r else engines[0]
@@ -83,7 +83,7 @@ def checks_fig3(config: Fig3Config, r: dict) -> list:
     out.append(check_at_most(f"after drop m a head has |cos(k, e_m)|, |cos(q, e_m)| > 0.99 ({name}; worst 1 − |cos|)",
                              float(np.nanmax(mis)), 0.01,
                              "at the middle of plateau M_m (half-way between the end of drop m and the start of "
-                             "drop m+1; the last record for m = D), the head with the largest |v|·|cos k|·|cos q|; spec §7.9"))
+                             "drop m+1; the last record for m = D), the head with the largest |v|·|cos k|·|cos q|"))
     out.append(check_at_most(f"that head has |v| = ‖k‖ = ‖q‖ = v*_m (eq 20; {name}; worst relative deviation)",
                              float(np.nanmax(dev)), 0.01,
                              "v*_m = (λ_m/a_m)^{1/3}; GD has the fixed points of GF; the residue is the slow growth "
@@ -189,7 +189,6 @@ register(
         checks=checks_fig3,
         plot=plot_fig3,
         memory=attn_s_memory,
-        runtime={"quick": "5 s on the idle 2-core machine (19 s on a slower one)", "paper": "11 s on the idle 2-core machine (97 s at load 6); 9/9 checks"},
         notes=[
             "H = 4 as in the caption (reference code: 5, `--set H=5`). With H = D every head must learn, and a head "
             "whose initial v is small leaves L(M_3) late: the default runs 50k GD steps (t ≈ 9850) so that every "
@@ -199,7 +198,7 @@ register(
             "rest farther from eq 19 than the plateau check's 0.01 (its slowest point lies on the sample loss's "
             "shifted saddle).",
             "w_init = 0.06 (eq 36) reproduces the reference code's --init 0.01 on the paper model (weights × N^{1/3}); "
-            "lr 0.197 is its 0.02 (no 1/N) on the same step axis (spec §4).",
+            "lr 0.197 is its 0.02 (no 1/N) on the same step axis (linattn._common).",
             "(b) eq 21 is integrated in paper time t/τ = 2t from the simulated |v_m| at the end of drop m−1 and, by "
             "default, shifted so that it reaches v*_m/2 together with the simulation (eq 21 is autonomous); "
             "`--set ode_align=start` keeps the start time, whose offset is eq 76's timing error (linattn.fig10).",

@@ -27,9 +27,8 @@ register(
         checks=checks_rank_sweep,
         plot=plot_rank_sweep,
         memory=rank_sweep_memory,
-        runtime={"quick": "9 s on the idle 2-core machine (24 s on a slower one)", "paper": "9 s on an idle 2-core machine (24.5 s on a slower one, 51 s at load 5); 13/15 checks: for R = 1, 2 of 6 seeds still rest on L(M_7) at step 20000 and one visited level is 0.011 off eq 19"},
         notes=NOTES + [
-            "Deviation at the paper preset: R = 1 fails two checks (see the runtime table): some seeds are still "
+            "Deviation at the paper preset: R = 1 fails two checks: some seeds are still "
             "on L(M_7) after 20000 steps, and a seed can merge the escapes from M_4 and M_5 into a shoulder above "
             "L(M_4). R = 2, 4, 8 pass, as does the quick preset (w_init 0.3, 40000 steps).",
             "No init we tried passes every check at the reference's 20000 steps: larger inits bring every R = 1 seed "

@@ -40,7 +40,7 @@ class Fig5Config(CovarianceConfig):
     w_init_s: float = param(0.05, "softmax ATTN_S init scale (eq 36)", paper=None,
                             paper_note="unspecified; ≈ the reference code's Fig 3 init 0.01 in eq-36 units", gt=0, le=10)
     lr_s: float = param(0.197, "softmax ATTN_S GD learning rate", paper=None,
-                        paper_note="unspecified; the reference code's Fig 3 lr 0.02 × N^{2/3} (spec §4)", gt=0, le=10)
+                        paper_note="unspecified; the reference code's Fig 3 lr 0.02 × N^{2/3} (linattn._common)", gt=0, le=10)
     steps_s: int = param(10_000, "softmax ATTN_S GD steps", paper=10_000,
                          paper_note="reference code (Fig 3): 10001 epochs", ge=1, le=10_000_000)
     record_every: int = param(20, "record the training loss every this many steps", ge=1, le=1_000_000)
@@ -141,7 +141,6 @@ register(
         run=run_fig5,
         checks=checks_fig5,
         plot=plot_fig5,
-        runtime={"quick": "7 s on the idle 2-core machine (29 s on a slower one)", "paper": "455 s on the idle 2-core machine (≈ 28 min at load 5); 3/4 checks: 'ATTN_M drops once' fails for 2 of 6 seeds"},
         notes=[
             "The paper has no theory for softmax attention: no dashed theory levels, the checks are the qualitative "
             "claim (one drop vs several) and that both models learn.",

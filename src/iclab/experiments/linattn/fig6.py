@@ -249,7 +249,7 @@ def checks_fig6(config: Fig6Config, r: dict) -> list:
     return [
         check_rel("ATTN_M: slope of t_plateau vs ln(1/w_init) = 1/(2‖Λ²‖_F) (eq 54)", slope_m, slope_54, 0.25,
                   f"least-squares fit over w_init ≤ {config.fit_max_init} (all seeds), t_plateau = half-way crossing "
-                  "to L(M_D); eq 54 is leading order in ln(1/w_init) (spec ±25 %); our t is half the paper's"),
+                  "to L(M_D); eq 54 is leading order in ln(1/w_init) (our ±25 %); our t is half the paper's"),
         check_equal("ATTN_M: one drop for every small init and seed", max(drops_small_m, key=lambda n: abs(n - 1)), 1),
         check_equal("ATTN_M: larger init → strictly shorter plateau (violations)", ordering_violations(r["t_half_m"]), 0),
         check_equal(f"ATTN_M: largest init {wm[-1]:g} decays at once (record index of peak −dL/dt)", lazy_m, 0,
@@ -334,7 +334,6 @@ register(
         checks=checks_fig6,
         plot=plot_fig6,
         memory=memory_fig6,
-        runtime={"quick": "12 s on the idle 2-core machine (43 s on a slower one)", "paper": "110 s on the idle 2-core machine (16 min at load 6); 8/8 checks"},
         notes=[
             "Dynamics: population gradient flow (eq 5, exact expected loss, τ = 1 on t = Σ lr) with log-spaced records: "
             "the ATTN_S plateaus grow as 1/w_init, beyond what GD steps at the figures' lr can cover. GD at small lr "

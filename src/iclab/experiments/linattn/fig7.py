@@ -41,9 +41,9 @@ class Fig7Config(CovarianceConfig):
                             paper_note="unspecified; the reference init .01 maps to ≈ .01–.06 in eq 36 with 1/N; 0.1 "
                             "lets every seed finish its D drops within the reference's 10001 steps", gt=0, le=10)
     lr_m: float = param(0.031, "ATTN_M GD learning rate (paper convention)", paper=0.031,
-                        paper_note="unspecified; reference lr 1e-3 × N (spec §4), as Fig 1", gt=0, le=10)
+                        paper_note="unspecified; reference lr 1e-3 × N (linattn._common), as Fig 1", gt=0, le=10)
     lr_s: float = param(0.2, "ATTN_S GD learning rate (paper convention)", paper=0.2,
-                        paper_note="unspecified; reference lr .02 × N^{2/3} ≈ 0.197 (spec §4), as Fig 3", gt=0, le=10)
+                        paper_note="unspecified; reference lr .02 × N^{2/3} ≈ 0.197 (linattn._common), as Fig 3", gt=0, le=10)
     steps_m: int = param(10000, "ATTN_M GD steps", paper=10000,
                          paper_note="reference Fig 1: 6001 epochs; ours run on until A is within 1e-4 of eq 25",
                          ge=1, le=10_000_000)
@@ -341,7 +341,6 @@ register(
         checks=checks_fig7,
         plot=plot_fig7,
         memory=memory_fig7,
-        runtime={"quick": "7 s on the idle 2-core machine (27 s on a slower one)", "paper": "19 s on the idle 2-core machine (171 s at load 5); 17/17 checks"},
         notes=[
             "Data (eq 23): each prompt has N_max + 1 tokens; every prefix n = 2..N_max+1 is a query with the first "
             "n−1 pairs as context, and the loss averages the N_max positions, so the context length is uniform on "

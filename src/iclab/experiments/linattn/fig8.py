@@ -41,7 +41,7 @@ class Fig8Config(CovarianceConfig):
     w_init_m: float = param(1e-6, "ATTN_M init scale w_init (eq 34)", paper=None,
                             paper_note="unspecified; Fig 1's reference init", gt=0, le=10)
     lr_m: float = param(0.127, "ATTN_M GD learning rate (paper convention, with 1/N)", paper=None,
-                        paper_note="unspecified; Fig 1's reference lr 1e-3 × N = 127 (spec §4)", gt=0, le=10)
+                        paper_note="unspecified; Fig 1's reference lr 1e-3 × N = 127 (linattn._common)", gt=0, le=10)
     steps_m: int = param(6400, "ATTN_M GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
     record_every_m: int = param(5, "ATTN_M: record every this many steps", ge=1, le=1_000_000)
     ranks_s: list[int] = param([1, 2], "ATTN_S panels: rank R of each", paper=None,
@@ -50,7 +50,7 @@ class Fig8Config(CovarianceConfig):
     w_init_s: float = param(0.4, "ATTN_S init scale w_init (eq 36)", paper=None,
                             paper_note="unspecified; Fig 4's choice", gt=0, le=10)
     lr_s: float = param(0.02 * 127 ** (2 / 3), "ATTN_S GD learning rate (paper convention, with 1/N)", paper=None,
-                        paper_note="unspecified; Fig 4's reference lr 0.02 × N^{2/3} = 0.505 (spec §4)", gt=0, le=10)
+                        paper_note="unspecified; Fig 4's reference lr 0.02 × N^{2/3} = 0.505 (linattn._common)", gt=0, le=10)
     steps_s: int = param(16_000, "ATTN_S GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
     record_every_s: int = param(10, "ATTN_S: record every this many steps", ge=1, le=1_000_000)
 
@@ -202,7 +202,6 @@ register(
         checks=checks_fig8,
         plot=plot_fig8,
         memory=memory_fig8,
-        runtime={"quick": "4 s on the idle 2-core machine (16 s on a slower one)", "paper": "7 s on the idle 2-core machine (33 s at load 6); 12/12 checks"},
         notes=[
             "The caption fixes N = 127, trΛ = 1 and λ_d ∝ 1/d; every other setting is 'labeled at the top of each "
             "panel' of a figure we cannot read off, so ours are documented config fields: D = 8, two ATTN_M panels "

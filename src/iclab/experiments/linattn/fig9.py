@@ -232,7 +232,6 @@ register(
         run=run_fig9,
         checks=checks_fig9,
         plot=plot_fig9,
-        runtime={"quick": "7 s on the idle 2-core machine (29 s on a slower one)", "paper": "8 s on the idle 2-core machine (43 s at load 6); 9/9 checks"},
         notes=[
             "The Fig 1 setting (linattn.fig1's defaults) re-run with the weights recorded: sampled ATTN_M and the MLP "
             "(the figure), the exact population run (the tight direction checks), and population GD at lr/2 for the "

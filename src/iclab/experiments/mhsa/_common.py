@@ -31,7 +31,8 @@ def loss_curves(r, I: int, *, lam: float, sigma2: float, penalties=(), d_bar: in
 
     Args:
         r: (R,) values of d̄/L; I: tasks; lam: every task's signal λ; sigma2: σ²; penalties: ridge
-        coefficients b (ridge with penalty b·d, spec A8); d_bar: d̄ of the closed forms in (d, L).
+        coefficients b (ridge with penalty b·d, our reading of Fig 5's 'penalty'); d_bar: d̄ of the closed forms in
+        (d, L).
     Returns:
         {"r", "penalties", "ridge" (P, R) MP ridge risk per penalty b, "mmse" (4.6), "bayes_mp" (MP Bayes
         risk), "gf" GF-ICL (Table 1, H ≥ I), "opts" OptS-ICL (H = 1)}, every loss without ½.

@@ -1,7 +1,8 @@
 """The trained setting of mhsa Fig 1, shared by :mod:`~iclab.experiments.mhsa.fig1`,
 :mod:`~iclab.experiments.mhsa.length` and the benchmark: its config, the full H-head model's
 initialisation from the theory's read-outs, losses, read-outs, Monte Carlo evaluation, the spectral
-model of spec A10(b), and the joint training of both on shared minibatches.
+model (the decomposable weights' balanced per-block factors, :func:`spectral_factors`), and the joint training
+of both on shared minibatches.
 
 The full H-head model (eq 2.1: separate K, Q, V, O per head, no residual, mask or positions) is
 trained by gradient descent on fresh Gaussian minibatches of the multi-task regression (2.4) with
@@ -43,9 +44,9 @@ class Fig1Config(ExperimentConfig):
                             paper_note="unspecified for Fig 1; Fig 3 uses d_e = 30 = d and says it matches Fig 1",
                             ge=1, le=10_000)
     omega0: float = param(0.01, "initial ω̄ of every head and task (W_X^(h) = ω_0 I)", paper=None,
-                          paper_note="unspecified (spec A9); Fig 3 starts (3.4) at ω̄ = 0.01", gt=0, lt=1)
+                          paper_note="unspecified; Fig 3 starts (3.4) at ω̄ = 0.01", gt=0, lt=1)
     mu0: float = param(0.05, "initial μ_0 (U_Y^(h) = μ_0 I, favoured entries × (1 + advantage))", paper=None,
-                       paper_note="unspecified (spec A9)", gt=0, le=100)
+                       paper_note="unspecified", gt=0, le=100)
     advantage: float = param(0.5, "relative head advantage: μ_i^(i)(0) = μ_0(1 + advantage), h_i* = i", paper=None,
                              paper_note="unspecified; the paper only says h_i* = i by initialisation", gt=0, le=100)
     init_noise: float = param(0.0, "std of iid Gaussian noise added to every entry of K, Q, V, O at init", paper=None,
@@ -53,16 +54,16 @@ class Fig1Config(ExperimentConfig):
     rotate: bool = param(False, "Haar-random Φ, Ψ (shared by the seeds), init rotated to match", paper=False,
                          paper_note="Φ = Ψ = I without loss of generality (Sec 2.2)")
     lr: float = param(1.0, "GD learning rate (plain SGD on the ½-MSE)", paper=None,
-                      paper_note="optimiser and lr unspecified (spec §4)", gt=0, le=100)
+                      paper_note="optimiser and lr unspecified", gt=0, le=100)
     steps: int = param(1500, "GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
-    batch: int = param(4096, "fresh prompts per step", paper=None, paper_note="unspecified; spec: ≥ 4096",
+    batch: int = param(4096, "fresh prompts per step", paper=None, paper_note="unspecified",
                        ge=1, le=1_000_000)
     record_every: int = param(10, "record every this many steps", ge=1, le=1_000_000)
     dtype: Literal["float32", "float64"] = param("float32", "training arithmetic (data, weights, gradients)")
     eval_prompts: int = param(32_768, "fresh prompts of the Monte Carlo loss of the final weights and of (4.3)",
                               ge=1024, le=10_000_000)
     companion_batch_divisor: int = param(4, "k: a second full-model run at batch // k extrapolates the "
-                                            "decomposability residue to infinite batch (spec C3)", paper=None,
+                                            "decomposability residue to infinite batch", paper=None,
                                          paper_note="our device: the paper reports no residue", ge=2, le=1024)
 
     @model_validator(mode="after")
@@ -165,18 +166,18 @@ def mc_loss(params, ts: TaskStructure, L: int, key, n: int, chunk: int = 2048):
 
 
 def spectral_factors(spec, d_i, d_e: int) -> dict:
-    """Balanced per-(head, task) coordinates of the decomposable weights (spec §5.1, A10(b)).
+    """Balanced per-(head, task) coordinates of the decomposable weights (Lemma 3.2; App. D).
 
     In :func:`iclab.models.mhsa.spectral_to_full` the block J_i of K_X (and of Q_X) is s_i I_{d_i} with
     s_i = (√d_e ω̄_i)^{1/2}, and V_Y, Oᵀ carry √μ_i on output i. A full GD step moves each diagonal
     entry j ∈ J_i of K_X by −lr ∂L/∂K_jj, and the population gradient is the same on the whole block
-    (Prop C.1, spec §5.1), so the block moves by the mean −lr (1/d_i) Σ_{j∈J_i} ∂L/∂K_jj. With L written
+    (Prop C.1), so the block moves by the mean −lr (1/d_i) Σ_{j∈J_i} ∂L/∂K_jj. With L written
     as a function of one shared s_i, ∂L/∂s_i = Σ_{j∈J_i} ∂L/∂K_jj: the full step is s_i ← s_i − lr ∂L/∂s_i / d_i,
     which is plain GD on k_i = √d_i s_i = ‖s_i 1_{d_i}‖ (the block's Frobenius norm, the manifold's
     Euclidean coordinate): k_i ← k_i − lr ∂L/∂k_i with ∂L/∂k_i = ∂L/∂s_i / √d_i. Outputs have one
     coordinate per task (d_y = I), so μ's factors σ(O)_i = σ(V_Y)_i = √μ_i need no rescaling.
     Then ω̄_i = k_i q_i/(d_i √d_e) (a step moves it by −2 lr ω̄_i ᾱ_i/√d_e + O(lr²), ᾱ_i the block mean of
-    ∂L/∂(W_X)_jj, as in spec §5.1) and μ_i = o_i v_i.
+    ∂L/∂(W_X)_jj, as in Lemma 3.2's symmetric case) and μ_i = o_i v_i.
 
     Returns {"k", "q", "o", "v"} (H, I): k = q = √d_i (√d_e ω̄)^{1/2}, o = v = √μ.
     """
@@ -195,7 +196,7 @@ def factors_to_spectral(f, d_i, d_e: int) -> dict:
 def spectral_half_loss(factors, X, q, ts: TaskStructure, d_e: int) -> jax.Array:
     """½ E_{G,ε}‖ŷ_q − y_q‖² of the decomposable model (the full model's ½-MSE (2.6) with G and ε
     integrated out, :func:`iclab.models.mhsa.spectral_expected_loss`), on prompts (X, q) given in the
-    canonical basis and rotated to the task basis Φ (Gaussian X, q are invariant, spec §2.2)."""
+    canonical basis and rotated to the task basis Φ (Gaussian X, q are rotation invariant, Sec 2.2)."""
     Xt = jnp.einsum("da,pdl->pal", ts.Phi, X)
     qt = q @ ts.Phi
     spec = factors_to_spectral(factors, ts.d_i, d_e)
@@ -223,7 +224,7 @@ def train_fig1(config: Fig1Config, reporter, *, lr=None, batch: int | None = Non
     """Trains the full model by SGD on fresh minibatches for each seed (vmapped), from the theory's init.
 
     One call of :func:`iclab.engines.train_members`: group "full" (the H-head model, one member per
-    seed) and, with ``spectral``, group "spectral" (the balanced factors of spec A10(b),
+    seed) and, with ``spectral``, group "spectral" (the balanced factors of the decomposable weights,
     :func:`spectral_factors`) trained by the same GD (lr, steps) on :func:`spectral_half_loss` of the
     same minibatch's (X, q), G and ε integrated out. The joint objective is the sum of the two losses;
     their parameters are disjoint, so GD on the sum is GD on each. Sharing the loop shares the sampling

@@ -5,13 +5,14 @@ trained by gradient descent on fresh Gaussian minibatches of the multi-task regr
 the ½-MSE (2.6), from the theory's balanced decomposable initialisation (Def 3.1, Thm 3.3) in which
 head i has the largest initial μ on task i (h_i* = i). Recorded on t = Σ lr: the per-head, per-task
 read-outs ω̄_i^(h) (block means of diag ΦᵀW_X^(h)Φ) and μ_i^(h) (diagonal of ΨᵀU_Y^(h)Ψ), how far
-the weights are from decomposable, and the training loss. Theory (dashed): the reduced ODE of
-spec §5.2 from the same (ω̄, μ) on τ = 2t/d (spec A3), the convergence point (4.3) and GF-ICL (4.1).
+the weights are from decomposable, and the training loss. Theory (dashed): the reduced ODE (leading order
+of D.1/D.2, App. D.3) from the same (ω̄, μ) on τ = 2t/d (derived here for the ½-MSE), the convergence point
+(4.3) and GF-ICL (4.1).
 
-Beside it (spec A10): the spectral model (dotted), the decomposable weights' balanced factors trained by
-the same GD on the exact-expectation loss, on which the time factor c of t = c·τ is fitted (spec C4);
-and a companion full-model run at batch B/k from which the decomposability residue is extrapolated to
-population GF, r(B) = a B^{-1/2} + b (spec C3). The trained setting (config, model init, losses,
+Beside it (our devices): the spectral model (dotted), the decomposable weights' balanced factors trained by
+the same GD on the exact-expectation loss, on which the time factor c of t = c·τ is fitted; and a companion
+full-model run at batch B/k from which the decomposability residue is extrapolated to population GF,
+r(B) = a B^{-1/2} + b. The trained setting (config, model init, losses,
 joint training) is :mod:`iclab.experiments.mhsa._training`, shared with ``mhsa.length``.
 """
 
@@ -44,7 +45,7 @@ def run_fig1(config: Fig1Config, reporter) -> dict:
     ts, d_e, omega0, mu0, keys, tr, final = train_fig1(c, reporter, spectral=True)
     d = ts.d
     sigma2 = c.sigma**2
-    # Companion run at batch B/k (own minibatches, stream 4): the residue's batch dependence (spec C3).
+    # Companion run at batch B/k (own minibatches, stream 4): the residue's batch dependence.
     companion = train_fig1(c, reporter, batch=c.batch // c.companion_batch_divisor, data_stream=4).trajectory
 
     w_lim, m_lim = theory.limit_weights(ts.d_i, ts.lam, H=c.H, sigma2=sigma2, L=c.L, omega_off=c.omega0)
@@ -139,7 +140,7 @@ def checks_fig1(config: Fig1Config, a: dict) -> list:
     final_argmax = np.argmax(omega_end, axis=1)  # (S, I)
     n_wrong = int(np.sum(final_argmax != win[None]))
     w_star, mu_star = a["omega_star"], a["mu_star"]
-    # Spec C3 holds for population GF; the minibatch residue r(B) is extrapolated to B → ∞ from the
+    # The 1e-2 bound holds for population GF; the minibatch residue r(B) is extrapolated to B → ∞ from the
     # companion run at B/k (k from the actual batches, in case k does not divide B).
     B, B_small = c.batch, c.batch // c.companion_batch_divisor
     k = B / B_small
@@ -155,7 +156,7 @@ def checks_fig1(config: Fig1Config, a: dict) -> list:
     t_sim = np.array([[first_rise(t, a["omega"][s, :, win[i], i], 0.5 * w_star[i]) for i in tasks]
                       for s in range(a["omega"].shape[0])])
     t_ode = np.array([first_rise(t, a["ode_omega"][:, win[i], i], 0.5 * w_star[i]) for i in tasks])
-    # Spec C4: fit t = c·τ on the spectral model (A10(b), no minibatch noise from G): the c minimising the
+    # Fit t = c·τ on the spectral model (no minibatch noise from G): the c minimising the
     # squared log-mismatch of the emergence times, c_fit = exp mean log(t_spec/τ_ODE) over tasks and seeds.
     t_spec = np.array([[first_rise(t, a["spectral_omega"][s, :, win[i], i], 0.5 * w_star[i]) for i in tasks]
                        for s in range(a["spectral_omega"].shape[0])])
@@ -165,34 +166,34 @@ def checks_fig1(config: Fig1Config, a: dict) -> list:
     return [
         check_at_most("decomposability (i), population limit: (√k r(B) − r(B/k))/(√k − 1) of r = max ‖U_X‖/‖U_Y‖, "
                       "‖W_Y‖/‖W_X‖ over heads (mean over the last fifth of the records and seeds)", dec["(i)"][2], 1e-2,
-                      f"spec C3: population GF keeps U_X = W_Y = 0 exactly; raw {raw['(i)']}"),
+                      f"population GF keeps U_X = W_Y = 0 exactly; our tolerance 1e-2; raw {raw['(i)']}"),
         check_at_most("decomposability (ii)-(iii), population limit: (√k r(B) − r(B/k))/(√k − 1) of r = max relative "
                       "off-diagonal of ΦᵀW_XΦ, ΨᵀU_YΨ and spread of diag ΦᵀW_XΦ within blocks", dec["(ii)-(iii)"][2],
-                      1e-2, f"spec C3 ('nearly diagonal'), same 1e-2 as (i); raw {raw['(ii)-(iii)']}"),
+                      1e-2, f"'nearly diagonal': the same 1e-2 as (i); raw {raw['(ii)-(iii)']}"),
         check_at_most("decomposability residue is minibatch noise: max over (i), (ii)-(iii) of |r(B/k)/(√k r(B)) − 1|",
                       max(v[3] for v in dec.values()), 0.3,
                       "r ∝ B^{-1/2} within 30 % (r(B/k)/r(B) in [0.7√k, 1.3√k]) licenses the extrapolation; "
                       f"(i): {raw['(i)']}; (ii)-(iii): {raw['(ii)-(iii)']}"),
         check_equal("task allocation: tasks whose final argmax_h ω̄_i^(h) ≠ initial argmax_h μ_i^(h) (all seeds)",
-                    n_wrong, 0, "spec C5 / Thm 3.3: each task is won by the head with the largest initial μ"),
+                    n_wrong, 0, "Thm 3.3: each task is won by the head with the largest initial μ"),
         check_at_most("losers: max ω̄_i^(h)/ω_0 over h ≠ h_i*", float(np.max(omega_end[:, loser]) / c.omega0), 2.0,
-                      "spec C5: non-optimal heads keep ω̄ = O(ω_0) (Thm 3.3(i))"),
+                      "non-optimal heads keep ω̄ = O(ω_0) (Thm 3.3(i)); our bound 2 ω_0"),
         check_at_most("losers: max |μ_i^(h)|/μ_i* over h ≠ h_i*",
                       float(np.max((np.abs(mu_end) / m_win[:, None, :])[:, loser])), 1e-2,
-                      "spec C5: μ_i^(h) ≤ μ_i* e^{−Ω(√d_e)} (Thm 3.3(i))"),
+                      "μ_i^(h) ≤ μ_i* e^{−Ω(√d_e)} (Thm 3.3(i)); our bound 1e-2"),
         check_at_most("winners converge to (4.3): max |ω̄_i*√d_i − 1| (tasks, seeds)",
-                      float(np.max(np.abs(w_win / w_star - 1))), 0.05, "spec C6: 5 %"),
+                      float(np.max(np.abs(w_win / w_star - 1))), 0.05, "our tolerance: 5 % (Thm 3.3(iii), (3.8))"),
         check_at_most("winners converge to (4.3): max |μ_i*(1 + e d_iφ_i/L)/√d_i − 1| (tasks, seeds)",
-                      float(np.max(np.abs(m_win / mu_star - 1))), 0.05, "spec C6: 5 %"),
+                      float(np.max(np.abs(m_win / mu_star - 1))), 0.05, "our tolerance: 5 % (Thm 3.3(iii), (3.8))"),
         check_rel("converged loss E‖ŷ−y‖² (Monte Carlo, mean over seeds) vs GF-ICL (4.1)", loss, float(a["gf_icl"]),
-                  0.15, "spec C7: 15 % at L = 100; (4.1) drops O(L^{-(1-ε)/2}) terms, so the exact loss sits a few "
-                        "per cent above it (spec §9)"),
+                  0.15, "our tolerance: 15 % at L = 100; (4.1) drops O(L^{-(1-ε)/2}) terms, so the exact loss sits a "
+                        "few per cent above it"),
         check_at_most("emergence time: max |t_sim/t_ODE − 1| at ω̄_i* = ½d_i^{-1/2}, ODE on t = (d/2)τ",
                       float(np.max(np.abs(t_sim / t_ode[None] - 1))), 0.10,
-                      "spec C4: 10 %; the time factor d/2 is derived (spec A3), not fitted"),
+                      "our tolerance: 10 %; the time factor d/2 is derived here, not fitted"),
         check_rel("time factor c_fit of t = c·τ, fitted on the spectral model's emergence times, vs d/2",
                   c_fit, d / 2, 0.10,
-                  f"spec C4: expected d/2 = {d / 2:g} (spec A3; the paper's 't ← 2dt' would give 2d = {2 * d}); "
+                  f"expected d/2 = {d / 2:g} (derived here; the paper's 't ← 2dt' would give 2d = {2 * d}); "
                       f"per-task t_spec/τ_ODE = {np.array2string(np.mean(t_spec, axis=0) / tau_ode, precision=4)}"),
     ]
 
@@ -249,7 +250,7 @@ register(
         id="mhsa.fig1",
         title="Warm-up, emergence and convergence of multi-head softmax attention: one head per task",
         paper=PAPER,
-        reference="Fig 1; Def 3.1, Thm 3.3, (4.1), (4.3); spec §5.2 reduced ODE",
+        reference="Fig 1; Def 3.1, Thm 3.3, (4.1), (4.3); App. D.3 reduced ODE",
         config=Fig1Config,
         presets={
             "quick": {"batch": 1024, "lr": 2.0, "steps": 230, "omega0": 0.03, "mu0": 0.1,
@@ -261,29 +262,29 @@ register(
         plot=plot_fig1,
         memory=memory_fig1,
         notes=[
-            "Unspecified in the paper (spec A9), our choices: plain GD (SGD) with a constant lr on fresh Gaussian "
+            "Unspecified in the paper, our choices: plain GD (SGD) with a constant lr on fresh Gaussian "
             "minibatches (batch 4096 at `paper`), ½-MSE (2.6), float32 (the data, weights and gradients); d_e = d "
             "(Fig 3's d_e = 30); Φ = Ψ = I; the theory's balanced decomposable init (Thm 3.3) with W_X^(h) = ω_0 I "
             "and U_Y^(h) = μ_0 I, the entry (h = i, task i) raised by (1 + advantage) so that h_i* = i.",
-            "Time: t = Σ lr. The reduced ODE (spec §5.2, dashed) runs on τ = 2t/d, the factor derived for the ½-MSE "
-            "(spec A3; the paper's 't ← 2dt' is inconsistent); it is not fitted in the plot or in the full model's "
-            "emergence-time check. Spec C4's fit t = c·τ is done on the spectral model (below): c_fit = exp mean "
+            "Time: t = Σ lr. The reduced ODE (App. D.3, dashed) runs on τ = 2t/d, the factor derived here for the "
+            "½-MSE (the paper's 't ← 2dt' is inconsistent); it is not fitted in the plot or in the full model's "
+            "emergence-time check. The fit t = c·τ is done on the spectral model (below): c_fit = exp mean "
             "log(t_spec/τ_ODE) of the winners' emergence times (ω̄ at ½ d_i^{-1/2}), checked against d/2, not the "
             "paper's 2d.",
-            "Spectral model (spec A10(b), dotted): the balanced factors of the decomposable weights, one per (head, "
+            "Spectral model (dotted): the balanced factors of the decomposable weights, one per (head, "
             "task block) and matrix, trained by the same GD (lr, steps) on ½ of the exact-expectation loss (G and ε "
             "integrated out) of the full model's own minibatch (X, q), jointly with the full model "
             "(iclab.engines.train_members, the sum of the two losses, disjoint parameters). The block factor is the "
             "block's Frobenius norm k_i = √d_i s_i, so that GD on it is the full model's GD restricted to decomposable "
             "weights (a shared s_i would move d_i times too fast); a unit test checks one step against the full model "
             "on a batch whose task vectors integrate G out exactly (agreement to O(lr²)).",
-            "Loss values in the checks are E‖ŷ − y‖² without the ½ (the paper's (4.1) convention, spec A1); the "
+            "Loss values in the checks are E‖ŷ − y‖² without the ½ (the paper's (4.1) convention); the "
             "plotted training loss is the full model's ½-MSE of the next minibatch. The converged loss is Monte Carlo "
             "over `eval_prompts` fresh prompts; the same prompts give the loss of the (4.3) weights for comparison.",
             "The quick preset keeps the paper's d and L and shrinks the batch and the plateau (larger ω_0, μ_0) "
             "instead: at d_i = 10, L = 100 the exact softmax loss is minimised close to (4.3), its value a few per "
-            "cent above GF-ICL (4.1) (the O(L^{-(1-ε)/2}) terms (4.1) drops, hence C7's 15 %), while at smaller d_i "
-            "and L the exact optimum moves visibly away from (4.3).",
+            "cent above GF-ICL (4.1) (the O(L^{-(1-ε)/2}) terms (4.1) drops, hence the check's 15 %), while at "
+            "smaller d_i and L the exact optimum moves visibly away from (4.3).",
             "Finding: the (4.3) point is a saddle of the full-parameter loss. For fixed ω̄ at (4.3) the loss is "
             "minimised by negative loser μ (E.24), which balanced GF cannot reach (μ = σ(O)σ(V_Y) ≥ 0 while "
             "σ(O)² − σ(V_Y)² = 0 is conserved). Minibatch noise breaks the balance, and after convergence the losers' "
@@ -292,12 +293,12 @@ register(
             "paper), inside the window of Thm 3.3(iii); longer runs leave (4.3).",
             "Paper preset init: advantage 1 (the favoured head starts with twice the others' μ), not 0.5; Thm 3.3 "
             "asks only for a Θ(1) relative gap ε. From (ω_0, μ_0, advantage) = (0.01, 0.05, 0.5) the reduced ODE "
-            "itself (no sampling) lifts the losers' ω̄ above spec C5's 2 ω_0 during emergence and brings them back "
-            "only after the minibatch escape above has begun, so at that init no run length passes both loser "
-            "checks with margin; with advantage 1 the ODE's losers stay below 2 ω_0. "
-            "`--set advantage=0.5 --set steps=1000` is the earlier setting.",
+            "itself (no sampling) lifts the losers' ω̄ above the loser check's 2 ω_0 during emergence and brings "
+            "them back only after the minibatch escape above has begun, so at that init no run length passes both "
+            "loser checks with margin; with advantage 1 the ODE's losers stay below 2 ω_0. "
+            "`--set advantage=0.5 --set steps=1000` runs from that init.",
             "Decomposability under minibatch noise: the relative non-decomposable parts (U_X, W_Y, off-diagonal and "
-            "within-block spread of W_X) are noise-driven and scale like batch^{-1/2}, so spec C3's 1e-2, a "
+            "within-block spread of W_X) are noise-driven and scale like batch^{-1/2}, so the 1e-2 bound, a "
             "statement about population GF, would need batches far beyond the presets' if applied to the raw "
             "residue. We test it on the population limit instead: a companion full-model run at batch B/k "
             "(k = companion_batch_divisor, own minibatches) and r(B) = a B^{-1/2} + b give "
@@ -306,14 +307,5 @@ register(
             "the seeds (see `residue`). The B^{-1/2} law holds only approximately, so b is resolved to about the "
             "size of the tolerance: the check rules out a population residue well above 1e-2, not one of a few 1e-3.",
         ],
-        runtime={"quick": "25 s on the idle 2-core machine (75.5 s at load average 1.1-1.7, 129 s at load 2.3-3.0); "
-                          "11/11 checks at base seed 0. Base seed 1: 10/11, the converged-loss check (C7) fails "
-                          "narrowly (0.2465 vs ≤ 0.2458), as it did before the spectral model and companion were "
-                          "added (same full-model trajectory). Three trainings: full model + spectral model in one "
-                          "loop (batch 1024, 230 steps) and the companion full model at batch 256",
-                 "paper": "267 s (base seed 0) and 246 s (base seed 1) on the idle 2-core machine; 11/11 checks at "
-                          "both: winners within 1.3 % (ω̄) and 1.5-1.7 % (μ) of (4.3), losers' μ/μ_i* 0.0027 / 0.0010 "
-                          "and ω̄/ω_0 1.61 / 1.60, converged loss 0.235 / 0.237 vs GF-ICL 0.214, emergence "
-                          "within 1.6 / 1.8 % of the ODE, c_fit = 15.25 / 15.23 vs d/2 = 15"},
     )
 )

@@ -26,7 +26,7 @@ class Fig3Config(ExperimentConfig):
     phi: float = param(1.0, "φ_i = 1 + SNR_i^{-1}", paper=1.0, ge=1, le=1e3)
     L: int = param(100, "context length L", paper=100, ge=1, le=1_000_000)
     d_e: int = param(30, "head width d_e", paper=30, ge=1, le=100_000)
-    tau0: float = param(4.0, "start time τ_0", paper=4.0, paper_note="arbitrary shift (spec A9)", ge=0, le=1e4)
+    tau0: float = param(4.0, "start time τ_0", paper=4.0, paper_note="arbitrary shift", ge=0, le=1e4)
     omega0: float = param(0.01, "initial ω̄*", paper=0.01, gt=0, lt=1)
     mu0: float = param(1.0, "initial μ* of panel (a)", paper=1.0, gt=0, le=1e3)
     tau_max: float = param(60.0, "end time τ", paper_note="x-range unspecified", gt=0, le=1e6)
@@ -151,10 +151,10 @@ register(
         checks=checks_fig3,
         plot=plot_fig3,
         memory=memory_fig3,
-        runtime={"quick": "2 s on the idle 2-core machine (8 s on a slower one)", "paper": "2 s on the idle 2-core machine (6 s at load 4); 5/5 checks"},
         notes=[
-            "(3.4)'s ω̄* equation is the corrected form of App. D.3/(D.47) (spec §5.4).",
-            "τ is the reduced time; the ½-MSE flow has t = (d/2)τ (spec A3). The τ_0 = 4 start is the paper's arbitrary shift.",
+            "(3.4)'s ω̄* equation is the corrected form of App. D.3/(D.47) ((3.4) prints it garbled).",
+            "τ is the reduced time; the ½-MSE flow has t = (d/2)τ (derived here; Thm D.11's 't ← 2dt' is inconsistent). "
+            "The τ_0 = 4 start is the paper's arbitrary shift.",
         ],
     )
 )

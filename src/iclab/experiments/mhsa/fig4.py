@@ -90,7 +90,7 @@ def checks_fig4(config: Fig4Config, a: dict) -> list:
                     "paper: the lower bound is the binding one for H < I"),
         check_at_most(f"MMSE binds for H ≥ H_c, H_c/I (first H with LB-ICL < MMSE; ∞ if none)",
                       float(cross) / config.I, 1.5,
-                      "paper: MMSE binds for roughly H > I (spec §6: crossover near H ≈ 12 for I = 10)"),
+                      "paper: MMSE binds for roughly H > I (derived here: crossover near H ≈ 12 for I = 10)"),
     ]
 
 
@@ -125,7 +125,6 @@ register(
         checks=checks_fig4,
         plot=plot_fig4,
         memory=memory_fig4,
-        runtime={"quick": "2 s on the idle 2-core machine (9 s on a slower one)", "paper": "2 s on the idle 2-core machine (20 s at load 4); 5/5 checks"},
         notes=[
             "H values of panel (a) and the d̄/L range are unspecified in the paper.",
             "The solid black curve is the asymptotic Bayes risk by Marchenko–Pastur quadrature; (4.6) is its first-order form in d̄/L.",

@@ -1,7 +1,7 @@
 """mhsa Fig 5: ridge (penalties 0.05 and 5), MMSE, GF-ICL and OptS-ICL against d̄/L.
 
 Homogeneous tasks (I = 10). Ridge curves are the Marchenko–Pastur risk of per-task ridge with
-penalty b·d (spec A8), checked against Monte Carlo; the small penalty shows the double-descent peak
+penalty b·d (our reading of the paper's 'penalty'), checked against Monte Carlo; the small penalty shows the double-descent peak
 near d̄/L = 1, GF-ICL has none and approaches the penalty-5 ridge at large d̄/L, and OptS/GF → I as
 d̄/L → 0 (H ∧ I = 10).
 """
@@ -25,7 +25,7 @@ class Fig5Config(ExperimentConfig):
                        gt=0, le=1e3)
     sigma2: float = param(1.0, "noise variance σ²", paper_note="unspecified; Fig 4's value", gt=0, le=1e3)
     penalties: tuple[float, ...] = param((0.05, 5.0), "ridge penalties b (ridge with b·d·I)", paper=(0.05, 5.0),
-                                         paper_note="whether the penalty multiplies d is unspecified (spec A8)")
+                                         paper_note="whether the penalty multiplies d is unspecified")
     r_min: float = param(1e-4, "smallest d̄/L", paper_note="x-range unspecified", gt=0, le=1)
     r_max: float = param(10.0, "largest d̄/L", gt=1, le=100)
     n_r: int = param(120, "points in d̄/L (geometric)", ge=10, le=10_000)
@@ -73,7 +73,7 @@ def checks_fig5(config: Fig5Config, a: dict) -> list:
     return [
         check_at_most(f"ridge MP risk = Monte Carlo (penalty {a['penalties'][i_small]:g}, d̄ = {config.mc_d_bar}; "
                       "max relative gap − 4 SE)", float(np.max(rel_mc - 4 * se_rel)), 0.02,
-                      "spec C11's 2% for the asymptotic (MP) form at d̄ = 50–200, beyond 4 Monte Carlo SE"),
+                      "our 2 % for the asymptotic (MP) form at d̄ = 50–200, beyond 4 Monte Carlo SE"),
         check_abs(f"double descent: peak of the penalty-{a['penalties'][i_small]:g} ridge curve, log10(d̄/L)",
                   float(np.log10(peak)), 0.0, 0.3, "paper: the peak sits near d̄/L = 1 (within a factor 2)"),
         check_at_most("GF-ICL has no peak: max decrease along d̄/L", float(max(0.0, -np.diff(gf).min())), 0.0),
@@ -82,7 +82,7 @@ def checks_fig5(config: Fig5Config, a: dict) -> list:
         check_rel(f"OptS-ICL / GF-ICL → H ∧ I = {config.I} as d̄/L → 0 (at d̄/L = {r_lim:g})",
                   float(lim), float(config.I), 0.02,
                   "leading terms e(λ+Iσ²)d/L vs eI^{-1}(λ+Iσ²)d/L (E.28, E.30); the approach is slow "
-                  f"(ratio {opts[0] / gf[0]:.3f} at d̄/L = {r[0]:g}, spec: 3.3 at 0.01), so the limit is taken at {r_lim:g}"),
+                  f"(ratio {opts[0] / gf[0]:.3f} at d̄/L = {r[0]:g}), so the limit is taken at {r_lim:g}"),
         check_at_most("OptS-ICL / GF-ICL increases as d̄/L decreases (max violation)",
                       float(max(0.0, np.diff(opts / gf).max())), 0.0),
         check_rel(f"MMSE (4.6) = MP Bayes risk as d̄/L → 0 (at d̄/L = {r[0]:g})",
@@ -120,10 +120,9 @@ register(
         checks=checks_fig5,
         plot=plot_fig5,
         memory=memory_fig5,
-        runtime={"quick": "2 s on the idle 2-core machine (7 s on a slower one)", "paper": "2 s on the idle 2-core machine (98 s at load 4); 7/7 checks"},
         notes=[
             "λ, σ² and the x-range are unspecified; we use Fig 4's λ = σ² = 1.",
-            "Ridge 'penalty' b is read as the coefficient of b·d (κ = b·d/L), spec A8.",
+            "Ridge 'penalty' b is read as the coefficient of b·d (κ = b·d/L): our reading; the paper does not say.",
             "All curves are closed forms or MP quadrature; the dots are Monte Carlo of the ridge estimator.",
         ],
     )

@@ -4,7 +4,7 @@ E.3 compares, in the regime r = d̄/L = o(λ/σ²), the single-head optimum (E.2
 the equiangular lower bound (E.29, LB-ICL ≈ (λ+Iσ²)d/((H−1)L)), the gradient-flow limit (E.30,
 GF-ICL ≈ eI^{-1}(λ+Iσ²)d/L) and the Bayes risk (MMSE ≈ σ²d/L), and remarks that as I grows GF-ICL
 approaches the MMSE up to a constant factor while a single head stays ≈ I times worse. The paper
-prints only the caption; every setting is unspecified (spec §6), so the figure is drawn as a variant
+prints only the caption; every setting is unspecified, so the figure is drawn as a variant
 of Fig 5 (its λ, σ², I and curves, :func:`iclab.experiments.mhsa._common.loss_curves`):
 (a) the losses against d̄/L with their small-d̄/L forms dashed, (b) their ratios to the MMSE against I
 at a fixed small d̄/L with the limits of E.28-E.30 dashed.
@@ -23,7 +23,7 @@ from iclab.experiments.mhsa._common import PAPER, loss_curves
 from iclab.progress import task
 from iclab.theory import mhsa as theory
 
-UNSPEC = "Fig 7's settings are unspecified (spec §6); Fig 5's value"
+UNSPEC = "Fig 7's settings are unspecified; Fig 5's value"
 #: Keys of the four compared losses and of their small-d̄/L forms (``theory.small_ratio_forms``).
 FORMS = ("opts", "lb", "gf", "mmse")
 LABELS = {"opts": "OptS-ICL (E.28, H = 1)", "lb": "LB-ICL (E.29)", "gf": "GF-ICL (E.30, H ≥ I)", "mmse": "MMSE (4.6)"}
@@ -112,7 +112,7 @@ def checks_fig7(config: Fig7Config, a: dict) -> list:
                       float(gap.max()), 0.01, "E.3 neglects error terms in the regime d̄/L = o(λ/σ²)"),
         check_at_most("E.3's MMSE form Iσ²r/(1 + (b − 1)r) with b = SNR^{-1} = Iσ²/λ equals (4.6) (max relative gap)",
                       float(np.max(np.abs(a["mmse_e3_snr"] / full[k["mmse"]] - 1))), 1e-12,
-                      "spec §5.5: equal only for b = SNR^{-1}; E.3 prints b = σ²/λ (gap "
+                      "equal only for b = SNR^{-1}; E.3 prints b = σ²/λ (gap "
                       f"{float(np.max(np.abs(a['mmse_e3_printed'] / full[k['mmse']] - 1))):.1%} at d̄/L ≤ {c.r_max:g})"),
         check_at_most("ordering: Bayes risk (MP) ≤ GF-ICL ≤ OptS-ICL and LB-ICL ≤ GF-ICL at every d̄/L (max violation)",
                       float(max(0.0, np.max(a["bayes_mp"] - full[k["gf"]]), np.max(full[k["gf"]] - full[k["opts"]]),
@@ -179,16 +179,15 @@ register(
         plot=plot_fig7,
         notes=[
             "The paper prints only the caption 'Comparison of loss functions' after E.28-E.30; every setting is "
-            "unspecified (spec §6). Our reading: the four losses E.3 compares, drawn as a variant of Fig 5 (I = 10, "
+            "unspecified. Our reading: the four losses E.3 compares, drawn as a variant of Fig 5 (I = 10, "
             "λ = σ² = 1), with their small-d̄/L forms, plus the I-dependence E.3 remarks on (panel b). Ridge curves "
             "(E.3 mentions ridge with penalty b·d) are an option (`penalties`).",
             "The small-d̄/L forms need L/(eφd) ≫ 1 (OptS), IL/(eφd) ≫ 1 (GF), (H−1)L/(φd) ≫ 1 (LB), φ = 1 + Iσ²/λ: "
             "at I = 10, λ = σ² = 1 OptS-ICL's form is still 3 % off at d̄/L = 1e-4, hence r_min = r_ratio = 1e-5. "
             "LB-ICL needs H ≥ 2: an I = 1 entry of panel (b) uses H = 2.",
             "E.3's MMSE form Iσ²r/(1 + (b − 1)r) is (4.6) only with b = SNR^{-1} = Iσ²/λ; E.3 prints b = σ²/λ "
-            "(spec §5.5), which differs where r is not small.",
+            "(an erratum), which differs where r is not small.",
             "`paper` differs from `quick` only in the grid density (all curves are closed forms or MP quadrature).",
         ],
-        runtime={"quick": "2 s on the idle 2-core machine (3 s at load 3.6)", "paper": "2 s on the idle 2-core machine (6 s at load 3.4); 7/7 checks"},
     )
 )

@@ -4,7 +4,7 @@ The full H-head model is trained exactly as in ``mhsa.fig1`` (:mod:`iclab.experi
 prompts of length L from the theory's init, h_i* = i); its final weights are then evaluated on fresh
 prompts of lengths L̃ (same task family). Per task i the Monte Carlo loss E(ŷ_i − y_i)² is compared
 with the leading order of (5.2), (λ_i d_i/d)(a_i² + ã_i)/(1 + a_i)², a_i = e d_iφ_i/L,
-ã_i = e d_iφ_i/L̃ (spec §5.7, C12), and with the exact loss of the (4.3) weights on the same prompts.
+ã_i = e d_iφ_i/L̃ (derived here from E.7), and with the exact loss of the (4.3) weights on the same prompts.
 No retraining at L̃: W_X at (4.3) does not depend on L, and only μ_i is off by a quadratic mismatch.
 """
 
@@ -33,7 +33,7 @@ class LengthConfig(Fig1Config):
     ``eval_prompts`` is the number of test prompts per length L̃."""
 
     test_ratios: tuple[float, ...] = param((0.5, 2.0, 4.0), "test lengths as multiples L̃/L of the training L",
-                                           paper_note="Prop 5.1 has no experiment; spec C12 names L/2, 2L, 4L")
+                                           paper_note="Prop 5.1 has no experiment; L/2, 2L, 4L are our choice")
     anneal_steps: int = param(0, "last steps of training with lr decayed linearly to anneal_final·lr (SGD noise ∝ lr)",
                               paper=None, paper_note="our choice: the theory is population gradient flow (lr → 0)",
                               ge=0, le=10_000_000)
@@ -134,16 +134,16 @@ def checks_length(config: LengthConfig, a: dict) -> list:
     out = [
         check_at_most("trained winners at (4.3): max |ω̄_i*√d_i − 1|, |μ_i*(1 + e d_iφ_i/L)/√d_i − 1| (tasks, seeds)",
                       float(max(np.max(np.abs(w_win / a["omega_star"] - 1)), np.max(np.abs(m_win / a["mu_star"] - 1)))),
-                      0.05, "spec C6's 5 %: the test presumes the model trained at L sits at the convergence point"),
+                      0.05, "mhsa.fig1's 5 %: the test presumes the model trained at L sits at the convergence point"),
     ]
     excess = (1.0 - 2.0 / config.d_bar) ** (-config.d_bar / 2) / np.e - 1.0 if config.d_bar > 2 else np.inf
     for j, Lt in enumerate(lengths):
         rel = np.abs(a["trained"][:, j] / a["theory"][None, j] - 1)  # (S, I)
         se = float(np.max(a["trained_se"][:, j] / a["trained"][:, j]))
         out.append(check_at_most(
-            f"C12: L̃ = {Lt} ({Lt / L:g}L): max_i |trained loss_i / (λ_id_i/d)(a_i²+ã_i)/(1+a_i)² − 1|",
+            f"L̃ = {Lt} ({Lt / L:g}L): max_i |trained loss_i / (λ_id_i/d)(a_i²+ã_i)/(1+a_i)² − 1|",
             float(rel.max()), 0.15,
-            f"spec C12's 15 %; Monte Carlo SE ≤ {se:.1%}. The leading order drops O(L^{{-(1-ε)/2}}) terms: at finite "
+            f"our 15 %; Monte Carlo SE ≤ {se:.1%}. The leading order drops O(L^{{-(1-ε)/2}}) terms: at finite "
             f"d_i, E_q e^(‖W_Xq‖²) = (1 − 2/d_i)^(−d_i/2) exceeds e (by {excess:.1%} at d_i = {config.d_bar}), so the "
             "exact loss sits above it"))
     for j, Lt in enumerate(lengths):
@@ -178,7 +178,7 @@ def plot_length(config: LengthConfig, a: dict):
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("test length L̃  (training L marked)"), ax.set_ylabel("per-task loss E(ŷ_i − y_i)² (no ½)")
     ax.legend(fontsize=6)
-    ax_r.axhspan(-0.15, 0.15, color="0.9", zorder=0, label="C12 ±15 %")
+    ax_r.axhspan(-0.15, 0.15, color="0.9", zorder=0, label="±15 %")
     ax_r.axhline(0.0, **THEORY_STYLE)
     ax_r.axvline(c.L, color="0.6", lw=0.8)
     ax_r.set_xscale("log")
@@ -209,7 +209,7 @@ register(
         id="mhsa.length",
         title="Length generalisation: trained at L, tested at L̃ = L/2, 2L, 4L, against (5.2)",
         paper=PAPER,
-        reference="Sec 5.2, Prop 5.1, eq (5.2), App. F.1; spec §5.7, check C12",
+        reference="Sec 5.2, Prop 5.1, eq (5.2), App. F.1",
         config=LengthConfig,
         presets={
             "quick": {"H": 1, "I": 1, "d_bar": 20, "L": 100, "batch": 1536, "lr": 2.0, "steps": 100,
@@ -225,11 +225,11 @@ register(
             "d = 30, L = 100, `mhsa.fig1`'s paper preset, with its last 200 steps annealed) and tests at "
             "L̃ = L/2, 2L, 4L. `quick` trains one head on one task with d = 20, L = 100 (batch 1536, 100 steps, the "
             "last 50 annealed): at d_i = 10 the leading order of (5.2) itself sits several per cent below the exact "
-            "loss of the (4.3) weights (our Monte Carlo), which leaves C12's 15 % little room for the training's own "
+            "loss of the (4.3) weights (our Monte Carlo), which leaves the check's 15 % little room for the training's own "
             "error; at d_i = 20 the gap is smaller. Every training setting the paper leaves unspecified is Fig 1's "
             "(see `mhsa.fig1`).",
-            "Theory: (λ_id_i/d)(a_i² + ã_i)/(1 + a_i)² with a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃ (spec §5.7, derived from "
-            "E.7); (5.2) prints its intrinsic term at L, the text and App. F.1 at L̃ (spec A4).",
+            "Theory: (λ_id_i/d)(a_i² + ã_i)/(1 + a_i)² with a_i = e d_iφ_i/L, ã_i = e d_iφ_i/L̃ (derived here from "
+            "E.7); (5.2) prints its intrinsic term at L, the text and App. F.1 at L̃ (an erratum).",
             "Why the leading order sits below the exact loss: the exponential-regime factor E_q e^{‖W_Xq‖²} is "
             "(1 − 2/d_i)^{−d_i/2} (3.05 at d_i = 10, 2.87 at d_i = 20), not e. With that factor in place of e the "
             "formula follows our Monte Carlo closely at d_i = 10, L̃ ≥ L.",
@@ -238,6 +238,5 @@ register(
             "error (≈ 3× it), so without annealing the trained model sits above the (4.3) weights at 4L by more than "
             "the 5 % check allows.",
         ],
-        runtime={"quick": "12 s on the idle 2-core machine (39 s at load 3.6)", "paper": "193 s on the idle 2-core machine (834 s on one core, the other busy); 7/7 checks"},
     )
 )

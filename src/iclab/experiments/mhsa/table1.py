@@ -75,13 +75,13 @@ def checks_table1(config: Table1Config, a: dict) -> list:
     ratio = float(np.nanmax(gf[eq] / lb[eq])) if eq.any() else np.nan
     mc_mean, mc_se = a["mmse_mc"]
     out = [
-        check_at_most("C10: (4.1) summed over tasks = Table 1 GF-ICL = its SNR form (max rel. gap)",
+        check_at_most("(4.1) summed over tasks = Table 1 GF-ICL = its SNR form (max rel. gap)",
                       float(max(np.max(np.abs(a["gf_41"] / gf - 1)), np.max(np.abs(a["gf_snr"] / gf - 1)))), 1e-12),
         check_rel("OptS-ICL: solver of (4.2) = Table 1 closed form (B* = 1)", float(a["opts_solver"][0]),
                   float(a["opts"][0]), 1e-6, f"solver found B* = {float(a['opts_B']):.6f}"),
         check_at_most(f"MMSE (4.6) = Monte Carlo posterior-mean risk (|z|, d̄ = {config.d_bar}, L = {config.L})",
                       float(abs(mc_mean - a["mmse"][0]) / mc_se), 4.0,
-                      f"{config.mc_n} draws; spec §9: (4.6) matches the finite-size Bayes risk closely"),
+                      f"{config.mc_n} draws; (4.6) matches the finite-size Bayes risk closely"),
         check_at_most(f"small d̄/L forms E.28–E.30 = full forms at d̄/L = {config.r_small:g} (max rel. gap)",
                       float(np.max(np.abs(a["small_form"] / a["small_full"] - 1))), 0.01),
         check_at_most("GF-ICL ≥ MMSE and GF-ICL ≥ LB-ICL for H ≥ I (lower bounds hold; max violation)",
@@ -127,7 +127,6 @@ register(
         checks=checks_table1,
         plot=plot_table1,
         memory=memory_table1,
-        runtime={"quick": "2 s on the idle 2-core machine (9 s on a slower one)", "paper": "2 s on the idle 2-core machine (95 s at load 5); 6/6 checks"},
         notes=["Table 1 is symbolic: I, d̄, L, λ, σ² and the H rows are the user's choice (defaults: I = 4, d̄ = 10, L = 200, λ = 1, σ² = 0.5)."],
     )
 )

@@ -6,7 +6,7 @@ E[ŷ_q | q] is estimated by Monte Carlo over fresh contexts X and compared with 
 μ Σ_α f̂_α d^{-|α|/2} q^α: the coefficient shrinks by d^{-|α|/2} and the monomial q^α (not He_α(q))
 appears, so high degrees leak into low ones; the constant is scaled up to μ f̂_0. Beside it, the exact
 identity of App. F.2 before its approximation, μ Σ_α f̂_α (ω̄q)^α E[D_|α| | q] with D_k = Σ_l ∂^k p_l/∂s_l^k,
-on the same contexts (spec §5.7, C14).
+on the same contexts.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ def hermite_at(name: str, q: np.ndarray) -> np.ndarray:
 
 class TransferConfig(ExperimentConfig):
     d: int = param(20, "dimension d (a single task, d_1 = d)", paper=None,
-                   paper_note="no experiment in the paper; spec C14 uses d = 20", ge=2, le=1000)
-    L: int = param(1000, "context length L", paper=None, paper_note="spec C14 uses L = 1000", ge=2, le=100_000)
+                   paper_note="no experiment in the paper; our choice", ge=2, le=1000)
+    L: int = param(1000, "context length L", paper=None, paper_note="no experiment in the paper; our choice", ge=2, le=100_000)
     lam: float = param(1.0, "signal λ of the linear training task (sets φ, hence μ of (5.3))", gt=0, le=1e3)
     sigma2: float = param(0.0, "noise variance σ² of training (φ) and of the nonlinear test responses", ge=0, le=1e3)
     targets: tuple[Target, ...] = param(("const", "x1x2", "he2_x1"), "test targets f",
-                                        paper_note="Lemma 5.2 is general; spec C14 names He₂(x₁), x₁x₂ and 1")
+                                        paper_note="Lemma 5.2 is general; He₂(x₁), x₁x₂ and 1 are our choice")
     n_queries: int = param(6, "fixed queries q ~ N(0, I_d), one Monte Carlo estimate of E[ŷ|q] each", ge=1, le=1000)
     contexts: int = param(4000, "Monte Carlo contexts X per query (shared by queries and targets)", ge=20,
                           le=10_000_000)
@@ -165,9 +165,9 @@ def checks_transfer(config: TransferConfig, a: dict) -> list:
         bias = float(np.max(np.abs(a["lead"][t]) * (2.0**k - 1) * np.exp(np.sum(a["q"] ** 2, 1) / c.d) / c.L
                             / a["se"][t]))
         out.append(check_at_most(
-            f"C14 {LABELS[name]}: max over {c.n_queries} queries |MC E[ŷ|q] − μ d^(−|α|/2) q^α| / SE (5.4)",
+            f"{LABELS[name]}: max over {c.n_queries} queries |MC E[ŷ|q] − μ d^(−|α|/2) q^α| / SE (5.4)",
             float(z[t].max()), c.z_max,
-            f"spec C14 'within MC error'; {a['se'].shape[1]} queries, {c.contexts} contexts each. The 1/L term (5.4) "
+            f"within Monte Carlo error; {a['se'].shape[1]} queries, {c.contexts} contexts each. The 1/L term (5.4) "
             f"drops, (2^|α| − 1)e^(‖q‖²/d)/L of the prediction, is ≤ {bias:.2f} SE here"))
         out.append(check_at_most(
             f"F.2 exact identity {LABELS[name]}: max |MC E[ŷ − μ Σ f̂_α(ω̄q)^α D_|α|] | / SE (paired, same contexts)",
@@ -233,7 +233,7 @@ register(
         id="mhsa.transfer",
         title="Linear-to-nonlinear transfer: the optimal linear head on Hermite targets, against (5.4)",
         paper=PAPER,
-        reference="Sec 5.3, Lemma 5.2, eqs (5.3)-(5.4), App. F.2; spec §5.7, check C14",
+        reference="Sec 5.3, Lemma 5.2, eqs (5.3)-(5.4), App. F.2",
         config=TransferConfig,
         presets={"quick": {}, "paper": {"n_queries": 16, "contexts": 20_000}},
         run=run_transfer,
@@ -241,8 +241,8 @@ register(
         plot=plot_transfer,
         memory=memory_transfer,
         notes=[
-            "The paper has no experiment for Lemma 5.2. d = 20, L = 1000 and the targets He₂(x₁), x₁x₂, 1 are spec "
-            "C14's; the queries (iid N(0, I_d)), the number of contexts and the z-tolerance are our choices.",
+            "The paper has no experiment for Lemma 5.2. d = 20, L = 1000, the targets He₂(x₁), x₁x₂, 1, the queries "
+            "(iid N(0, I_d)), the number of contexts and the z-tolerance are our choices.",
             "Weights are (5.3) exactly (no training): W_X = d^{-1/2} I_d, U_Y = μ = √d/(1 + e d φ/L), the single-task "
             "convergence point (4.3). Monte Carlo reuses the contexts across queries and targets (each estimate is "
             "unbiased; they are correlated).",
@@ -250,6 +250,5 @@ register(
             "(Lemma B.2): the error is (2^|α| − 1)e^{‖q‖²/d}/L of the prediction to first order (0.8 % for |α| = 2 at "
             "L = 1000). The exact identity μ Σ f̂_α (ω̄q)^α E[D_|α| | q] is checked on the same contexts.",
         ],
-        runtime={"quick": "5 s on the idle 2-core machine (11 s at load 3.6)", "paper": "12 s on the idle 2-core machine (48 s at load 3.4); 7/7 checks"},
     )
 )

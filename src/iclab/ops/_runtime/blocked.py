@@ -28,7 +28,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
     The kernels load and store whole 64-byte vectors of a block; numpy's arrays from glibc's heap (where
     ``iclab.ops._runtime.malloc`` keeps the training loop's blocks) start on 16-byte boundaries, so three arrays in four had
-    every vector split over two cache lines: the gated layer's backward took ≈ 1.3× the time (D = 16, one thread).
+    every vector split over two cache lines, which slows every vector load and store.
     """
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
@@ -51,7 +51,7 @@ def _kernels():
             n = min(CH, B - b0)
             zb = Zb[blk]
             for t in range(T):  # token by token: its (D, CH) tile stays in L1 while every lane is written
-                p = pos[t]     # (prompt by prompt, 3x slower at D = 16, T = 83: the block's lines left L1)
+                p = pos[t]     # (prompt by prompt, the block's lines would leave L1)
                 for b in range(n):
                     for f in range(D):
                         zb[t, f, b] = Z[b0 + b, p, f]
@@ -141,9 +141,8 @@ def _take_ir_kernel():
 
 
 #: Whether :func:`to_blocks` transposes float32 tokens of width LANES with the IR kernel (``_take_ir_kernel``; the
-#: same values: it moves them; tested). gating.fig2's step blocks its prompts (10 × 256 × 103 × 16 float32) in each
-#: of its three host calls: one seed's (1.7 MB) took 185 → 86 µs on one thread; the step's loss and gradient
-#: 0.223 → 0.220 s (fastest of 8, alternated in one process, a noisy hour of 29 Nov 2026).
+#: same values: it moves them; tested): 8 × 8 tiles transposed in registers instead of one value at a time.
+#: gating.fig2's step blocks its prompts (10 × 256 × 103 × 16 float32) in each of its three host calls.
 IR_TAKE = True
 
 

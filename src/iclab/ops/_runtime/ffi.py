@@ -2,7 +2,7 @@
 
 JAX's CPU callback handler (``xla_ffi_python_cpu_callback``) wraps each operand in a numpy array made from the
 buffer's pointer without an owner, which numpy makes by copying: drift.fig1's read-out call copied its 111 MB of
-tokens and 20 MB of query vectors at every step (≈ 70 ms of a 0.18 s call, the kernel 0.11 s). Here one FFI
+tokens and 20 MB of query vectors at every step, a large part of the call. Here one FFI
 handler, registered once for the process (``iclab_host_call``), is a ctypes callback: it reads XLA's call frame
 (the C structs of ``xla/ffi/api/c_api.h``, API 0.3), views each operand buffer as a read-only numpy array in place,
 calls the host function and copies its results into the result buffers.

@@ -4,9 +4,9 @@ The compiled CPU kernels (numba) of ``ops.drift_sampler.native``, ``ops.decayed_
 ``ops.decayed_attention.forget`` run inside jitted code as host callbacks. XLA's callback handler hands the
 callback its operands as numpy arrays (one copy); ``jax.pure_callback`` then copies every operand into a
 fresh JAX array (``device_put`` in its implementation), and ``np.asarray`` of such an array copies it
-again: at drift's paper batch (tokens of 5 × 5000 × 101 × 11 float32, 111 MB) the read-out kernel's call
-took ≈ 109 ms against 16-26 ms for the kernel itself. ``host_call`` lowers to the same XLA custom call but
-gives the function the handler's numpy arrays (read-only) as they are: the same call takes ≈ 41 ms.
+again: at drift's paper batch (tokens of 5 × 5000 × 101 × 11 float32, 111 MB) the copies cost the read-out
+kernel's call several times the kernel itself. ``host_call`` lowers to the same XLA custom call but gives the
+function the handler's numpy arrays (read-only) as they are, one copy instead of three.
 The results are copied into XLA's buffers as before.
 
 It uses JAX's private ``emit_python_callback`` (through :mod:`iclab.ops._runtime.jax_private`); where it is missing or its
@@ -16,9 +16,8 @@ copies). ``host_call.direct`` says which path is in use.
 XLA's callback handler itself copies every operand (it makes each numpy array from the buffer's pointer without
 an owner, and numpy copies such data) and copies the results into XLA's buffers. Where this jaxlib accepts it,
 the primitive lowers instead to iclab's own FFI handler (``iclab.ops._runtime.ffi``, ``FFI``): the host function reads
-the operand buffers in place, and with ``writes_out`` writes the result buffers itself. drift.fig1's read-out
-call (111 MB of tokens, 20 MB of query vectors, 40 MB of results) went from 0.18 to 0.13 s, its kernel 0.11 s;
-its whole paper step, alternated eight times in one process, 0.226 → 0.193 s (fastest), 0.27 → 0.24 s (median).
+the operand buffers in place, and with ``writes_out`` writes the result buffers itself: drift.fig1's read-out
+call (111 MB of tokens, 20 MB of query vectors, 40 MB of results) then copies nothing.
 """
 
 from __future__ import annotations

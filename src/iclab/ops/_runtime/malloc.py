@@ -1,11 +1,11 @@
 """Freed memory stays in the process: glibc's malloc told not to hand large blocks back to the kernel.
 
-A training step allocates and frees the same large buffers every step (drift.fig1's token tensor is
-5 × 5000 × 101 × 11 float32 = 111 MB, its read-out residuals 20 MB each). glibc serves any block above its
-mmap threshold (adaptive, at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, and trims the top
-of the heap above 128 KiB, so every step faults in tens of thousands of zeroed pages again. On the 2-core
-VM this costs more than the arithmetic: drift.fig1's sampler took 0.22 s per step inside jitted code against
-0.11 s with freed memory kept (the kernel alone: 0.10 s; 27 Nov 2026).
+A training step allocates and frees the same large buffers every step (drift.fig1's token tensor is 5 × 5000 ×
+101 × 11 float32 = 111 MB, its read-out residuals 20 MB each). glibc serves any block above its mmap threshold
+(adaptive, at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, and trims the top of the heap
+above 128 KiB, so every step faults in tens of thousands of zeroed pages again, which can cost more than the
+arithmetic (drift.fig1's sampler inside jitted code would spend about as long in those faults as in its
+kernel).
 
 :func:`retain_freed_memory` sets ``M_MMAP_MAX = 0`` (every block comes from the heap, where a freed block
 is reused) and ``M_TRIM_THRESHOLD`` to its maximum (the heap is not trimmed). The price: the process keeps

@@ -1,8 +1,8 @@
 """Generated numba kernels, compiled once per machine: ``compile_kernels``.
 
 The compiled CPU kernels are generated as source text (the loops over the token width unrolled for each
-width D) and compiled by numba on their first call, 3-10 s per kernel: gating.fig1's quick preset spent
-28 s of its 65 s compiling four of them. numba caches a compilation on disk only for functions defined in
+width D) and compiled by numba on their first call, seconds per kernel: a large part of a quick preset's time
+would be compiling. numba caches a compilation on disk only for functions defined in
 a file, so the generated source is written to a file named by its SHA-256 (with the numba version and the
 options) in the kernel cache, imported from there, and compiled with ``cache=True``: a later process loads
 the machine code instead of compiling it again (numba keys its cache by the file, the function's

@@ -39,7 +39,7 @@ def thread_count() -> int:
 @functools.cache
 def _kernel_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     """One pool per size, kept for the process: a training step makes hundreds of kernel calls, and starting
-    threads for each cost ≈ 0.1 ms a call."""
+    threads for each would cost more than many of the calls."""
     return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="iclab-kernel")
 
 

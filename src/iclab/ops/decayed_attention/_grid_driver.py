@@ -10,16 +10,15 @@ Per member (s, m, g) of the grid, with T its prompt length and the L − 1 full 
 
 then the per-block partial sums added over the blocks in order. A member's blocks go through its whole model
 ``BLOCKS`` at a time (forward, read-out, backward of one block, then the next): the outputs, q, k, v and cotangents
-the backward reads are then the last few hundred kB written, in cache, and their buffers are one block's, reused.
-The full layers run as their ``kept`` kernels (``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t
-in R[l] for its backward, which does not compute them again (the same bits; gating's layer at D = 16, T = 103, 16
-blocks, one thread: the backward 3.2-3.3 → 2.9-3.0 ms with z̄, 2.7 → 2.3 ms without, the forward 1.00 → 1.06-1.11 ms
-for the stores). These are the kernels and the sums of ``gated._multilayer_member``'s IR path, the naive twin
+the backward reads are then the last few hundred kB written, in cache, and their buffers are one block's, reused. The
+full layers run as their ``kept`` kernels (``_layer_ir.gated_layer_kernels``): each forward leaves q_t, k_t, v_t in
+R[l] for its backward, which does not compute them again (the same bits; the forward pays a little for the stores, the
+backward saves more). These are the kernels and the sums of ``gated._multilayer_member``'s IR path, the naive twin
 this loop is tested against bit for bit; what differs is who calls them, and in what order of blocks. gating.fig2's
 step calls ≈ 1500 kernels on 300 models, and between them the Python of the member (operand checks, allocations,
-slicing, numpy's small sums; ≈ 0.08-0.10 s a step) held the GIL: on two threads one thread's Python stalled the
-other's. Here a numba function (no GIL) calls the IR kernels through their addresses (numba's first-class function
-types), in buffers kept per thread.
+slicing, numpy's small sums) held the GIL: on two threads one thread's Python stalled the other's. Here a numba
+function (no GIL) calls the IR kernels through their addresses (numba's first-class function types), in buffers kept
+per thread.
 
 The loss is left per block (``loss_parts``, (S, M, G, blocks)) for numpy's sum over the last axis, which is the
 same pairwise sum as the per-member ``lo.sum()``; the weight gradients are summed here block after block, as
@@ -163,14 +162,13 @@ def _wap_class():
             return self.sig
 
     # its numba type made once, not at every call: numba's own typing of a first-class function builds the type
-    # anew, ≈ 40 µs per kernel argument, ≈ 270-300 µs of each driver call with its six kernels
+    # anew for every kernel argument of every driver call
     typeof_impl.register(Kernel)(lambda val, c: val.numba_type)
     return Kernel
 
 
 #: Blocks of a member taken through its whole model at a time (0: all of them, layer after layer, as the naive
-#: twin). gating.fig2's loss and gradient, alternated in one process (8 rounds, 29 Nov 2026): 0.259-0.266 s with
-#: all blocks a layer at a time, 0.229-0.245 s with one, 0.231-0.239 s with two (minimum-median). The same bits.
+#: twin). One block at a time keeps a member's activations in cache between its layers; the same bits.
 BLOCKS = 1
 
 

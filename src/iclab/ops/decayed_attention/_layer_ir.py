@@ -18,89 +18,54 @@ W̄_K = Σ_t k̄_t z_tᵀ, W̄_V = Σ_t v̄_t z_tᵀ.
 What differs from the numba kernels is where values live, not the arithmetic (the same operations in the same
 order; drift's forward and pass 1 give the same bits):
 - the weights are read as scalars broadcast at each use (through ``iclab.ops._runtime.llvm.opaque``): hoisted out of the
-  token loop, 3D² broadcast vectors (23 KB at D = 11) were spilled to the stack and crowded the state out of L1;
+  token loop, 3D² broadcast vectors (23 KB at D = 11) would be spilled to the stack and crowd the state out of L1;
 - every pass runs a token's rows of S (or E) as a loop (``_rows_loop``), not unrolled, the state in memory (the
   forward's on the stack) and q_t, k_t re-read per row as memory operands: unrolled (the forward's state in the
-  token loop's phis), LLVM moved every row's state update ahead of the sums that read it and spilled the state
-  to the stack (the forward took 1.1-1.3× and the backward 1.2× the time at D = 16, 1.4× and 1.1× at D = 11);
+  token loop's phis), LLVM moves every row's state update ahead of the sums that read it and spills the state
+  to the stack;
 - the weight gradients are not accumulated per token (3D² loads and stores of accumulators per token): q̄_t, k̄_t,
   v̄_t go to a scratch and each W̄ is summed after pass 2 in register tiles of ``W_ROWS`` × ``W_COLUMNS``
-  accumulators, over chunks of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile; the whole block's
-  z_t per tile came from L2: the sums took 1.7× the time, D = 16, T = 103, one thread);
+  accumulators, over chunks of ``W_CHUNK`` tokens (a chunk's z_t stay in L1 for every tile, where the whole
+  block's z_t would come from L2 for each tile);
 - the code is loops, not straight lines: the projections q_t, k_t, v_t, the token cotangent z̄_t and the
   weight-gradient tiles are runtime loops over their outputs (``_units_loop``), each output's chain a loop over
   its terms (``_inner_chains``), and the backward's passes update S_t (E_t) ``STATE_COLUMNS`` columns at a time,
-  so that the q̄_t (k̄_t) they carry stay in registers (all D spilled: this VM's CPU has AVX2's 16 registers of
-  8 float32, and a LANES vector of 16 takes two);
-- every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): the
-  gated backward at D = 16 took ≈ 1.3× the time with its operands on 16-byte boundaries, as glibc's heap gives;
+  so that the q̄_t (k̄_t) they carry stay in registers (all D would spill with AVX2's 16 registers of 8 float32,
+  where a LANES vector of 16 takes two);
+- every array a kernel reads or writes by vectors starts on a cache line (``_blocked.aligned_empty``): on the
+  16-byte boundaries glibc's heap gives, vector loads straddle cache lines;
 - the scalar gates' exponential is glibc's ``expf`` computed inline (``_expf_glibc``, equal to it on every
   float32 it is given) in the forward, the backward's first pass and the query read-outs, not 16 calls per
   vector;
-- the weight gradients' sums over the lanes (≈ 3D² per block) are transposed and added 16 at a time
+- the weight gradients' sums over the lanes (≈ 3D² per block) are transposed and added four at a time
   (``_Builder.lane_sums``), in the order of the lane-by-lane sums;
 - a first layer (and a one-layer read-out) may read its tokens at positions P of a longer blocked prompt
   (``gathered``), so that gating.fig2's models of every n̄ share one blocked copy of their prompts.
-On 28 Nov 2026 the rows loops and the chunked sums took gating's layer (D = 16, T = 103, 16 blocks, one thread,
-aligned operands; 15 calls of each version alternated in one process, the fastest) from 0.86-1.04 to 0.79 ms
-(forward) and from 3.4-3.8 to 2.3-2.4 ms (backward), drift's (D = 11) from 0.43 to 0.31 ms and from 1.88 to
-1.16 ms. In float64 (16 doubles are two registers) the numba kernels stay the models' (the IR ones were no
-faster there before these changes; not measured since).
+In float64 (16 doubles are two registers) the numba kernels stay the models'.
 
-On 29 Nov 2026 (05:30-06:40, a slow hour of this VM's host) the same kernels ran at a third of those speeds (the
-gated forward 2.9-3.1 ms, 22-24 GFLOP/s on one thread) while a loop of 6 FMA chains ran at 100 GFLOP/s; the same
-FMAs unrolled 64-1024 steps a loop ran at 35-55. In that state the host runs long straight-line code slowly (the
-mechanism is not visible here: no hardware counters), so the kernels' hot code became loops (above) and their
-register tiles were sized for AVX2. Every chain keeps its operands and its order: the same bits, tested against
-the loops' other shapes (``test_loop_shapes_of_the_layer_kernels_change_no_bit``) and, by hand, against the
-kernels before at D = 5, 6, 11, 16 in float32 and float64. One thread, 16 blocks, the kernels before and after
-alternated in one process at 06:42 (the fastest of 7 calls, the fastest of 3 rounds): gating's layer (D = 16,
-T = 103) forward 2.92 → 1.21 ms, backward with z̄ 8.36 → 4.18 ms, without 6.76 → 4.19 ms; drift's layer
-(D = 11, T = 101) forward 1.07 → 0.52 ms, backward with z̄ and λ̄ 4.02 → 1.84 ms.
+Why loops: on some hosts straight-line code beyond a few hundred instructions runs at a fraction of the rate of
+the same FMAs in a small loop, while loops lose nothing elsewhere; so the kernels' hot code is loops and their
+register tiles fit AVX2's register file. Every chain keeps its operands and its order, so a loop's shape changes
+no bit (``test_loop_shapes_of_the_layer_kernels_change_no_bit``).
 
-Later on 29 Nov a profile of gating.fig2's step (perf, the kernels' machine code dumped beside it) showed the
-projections' inner loop waiting on its 6 FMA chains' latency and issuing 6 instructions a cycle, this Zen 3
-host's dispatch width (a register move for each opaque operand), and the gated backward's pass 2 waiting on
-its first load of O_t (≈ 5 % of its samples). Since then the projections read the weights and z_t directly, two
-rows an iteration (``PROJECTION_ROWS``: 12 chains), pass 2 prefetches O_{t-1}, and pass 1 computes its expf
-inline; the same bits (tested against the loops' other shapes; by hand against the kernels before at D = 5, 6,
-11, 16 in both dtypes). One thread, 16 blocks, alternated in one process (three rounds, 09:37): gating's layer
-(D = 16, T = 103) forward 1.20-1.24 → 1.01-1.03 ms, backward with z̄ 3.74-4.07 → 3.42-3.56 ms, without it
-3.26-3.46 → 2.75-3.01 ms; drift's layer (D = 11, T = 101) forward 0.52-0.54 → 0.43-0.44 ms, backward with z̄ and λ̄
-1.85-2.14 → 1.76-1.84 ms. Tried and dropped: two rows of S_t an iteration in the forward (no faster; four: 1.5×
-slower), the weights read directly in z̄_t's loops (no faster), prefetching every stream of pass 2 (no faster
-than O alone), 8-lane blocks (``_blocked.LANES`` = 8: the forward 1.25×, the backward 1.1-1.3× slower)
-and, as an upper bound, the forward and backward without the decay's multiply (the forward 11 % faster, the
-backward no faster).
+The projections read the weights and z_t directly, two rows an iteration (``PROJECTION_ROWS``: 12 independent FMA
+chains, where one row's 6 wait on the FMA latency); pass 2 of the gated backward prefetches O_{t-1} (its first
+load of O_t is otherwise where it waits), and pass 1 computes its expf inline.
 
-Since 29 Nov 12:00 gating's layer may keep its projections (``kept``, the grid driver's kernels): the forward
-writes q_t, k_t, v_t of every block and token to R (blocks, T, 3, D, LANES) and the backward's first pass reads
-them there instead of computing them again (3D² of its ≈ 16D² vector operations a token); the same FMAs in
-the same order, so the same bits (tested). One thread, 16 blocks, D = 16, T = 103, alternated in one process
-(three rounds): backward with z̄ 3.22-3.28 → 2.87-2.90 ms (one round 3.55), without it 2.68-2.73 → 2.28-2.31 ms;
-the forward 1.00-1.01 → 1.06-1.12 ms, the cost of the stores (+5 % with R in L2, one block). Tried and dropped:
-prefetching R's lines for writing (no faster), computing q, k, v on the stack and copying them to R (the
-forward 1.16-1.20 ms), non-temporal stores to R (the backward 3.3-3.4 ms: R read back from memory). On 28 Nov
-the same idea saved ≈ 7 % of a layer and was dropped; the step's measurement is in the README.
+Gating's layer may keep its projections (``kept``, the grid driver's kernels): the forward writes q_t, k_t, v_t of
+every block and token to R (blocks, T, 3, D, LANES) and the backward's first pass reads them there instead of
+computing them again (3D² of its ≈ 16D² vector operations a token); the same FMAs in the same order, so the same
+bits (tested). The stores cost the forward a little (R stays in L2 for a block); non-temporal stores to R would
+make the backward read it back from memory.
 
-Since 29 Nov 15:40 the gated backward's rows loops run on half vectors (``HALF_LANES``: each slice of columns a loop
-per half of the lanes, 8 float32 a register, ``HALF_COLUMNS`` columns a slice), and the weight gradients' sums over
-the lanes go four at a time through 4 × 4 transposes in double, in a loop (``_Builder.lane_sums``,
-``lane_sums_loop``); the same bits (tested). One thread, 16 blocks, D = 16, T = 103, kept projections, alternated in
-one process in a noisy hour: the backward with z̄ 2.72-3.03 → 2.58-2.63 ms, without 2.19-2.25 → 2.05-2.10 ms. Tried
-and dropped (no faster): the forward's rows, the weight-gradient tiles and the read-out's token sums on half vectors;
-the gates of a block computed in a loop of their own before pass 1; q_t, k_t of a slice held in registers.
-
-The register tiles above were sized on an AVX2 host (Zen 3: 16 registers of 8 float32). On 29 Nov 2026 (23:00) this
-VM ran on an AVX-512 host (Zen 4: 32 registers of 16 float32, a LANES vector in one), and LLVM, compiling for the
-CPU it runs on, keeps a LANES vector in one register there. The sizes that depend on the register file now follow it
-(``iclab.ops._runtime.llvm.wide_registers``): with AVX-512 the gated backward's rows loops run on whole vectors
-(``HALF_LANES``) and both backwards update 4 columns of the state a slice (``STATE_COLUMNS``); the same bits
-(tested with both shapes). Their effect there, one thread, 16 blocks, the median of 40 rounds' ratios with the
-variants' order rotated each round: gating's backward (D = 16, T = 103, kept) 0.93-0.94× the time with z̄ and 0.97×
-without, drift's (D = 11, T = 101) 0.935×. Tried there and not kept: the read-out's token sums per half and 8 or 4
-features a loop (``_token_sums``: 1.4× slower, its 16 accumulators of 16 lanes fit the registers); 8 and 16
-columns; weight-gradient tiles 2 × 8, 3 × 8, 2 × 12, 1 × 16 (within 2-4 % of 1 × 6).
+With AVX2 (16 registers of 8 float32) the gated backward's rows loops run on half vectors (``HALF_LANES``: each
+slice of columns a loop per half of the lanes, 8 float32 a register, ``HALF_COLUMNS`` columns a slice), and the
+weight gradients' sums over the lanes go four at a time through 4 × 4 transposes in double, in a loop
+(``_Builder.lane_sums``, ``lane_sums_loop``); the same bits (tested). With AVX-512 (32 registers of 16 float32, a
+LANES vector in one) LLVM, compiling for the CPU it runs on, keeps a LANES vector in one register, so the sizes that
+depend on the register file follow it (``iclab.ops._runtime.llvm.wide_registers``): the gated backward's rows loops
+run on whole vectors and both backwards update 4 columns of the state a slice (``STATE_COLUMNS``); the same bits
+(tested with both shapes).
 """
 
 from __future__ import annotations
@@ -283,7 +248,7 @@ class _Builder:
     def dots(self, chains, group: int = 16) -> list[str]:
         """[:meth:`dot` (ws, xs, start) for each chain], the same FMAs chain by chain (the same bits), emitted
         interleaved by ``group`` chains at a time: their independent FMAs side by side in the instruction stream
-        instead of one chain's dependent FMAs back to back (the gated backward 1-3 % faster, within noise)."""
+        instead of one chain's dependent FMAs back to back."""
         out = []
         for g0 in range(0, len(chains), group):
             part = chains[g0:g0 + group]
@@ -319,9 +284,8 @@ class _Builder:
         """base[offset + i] = :meth:`lane_sum` of ``vectors[i]`` (the same sums in the same order: the same bits),
         four at a time in a vector of doubles: for each four lanes of the four vectors, their values widened to
         double and transposed (4 × 4: a vector per lane, holding the four sums' values), then added to the four
-        sums lane after lane. For 16 sums, 267 instructions (LLVM's code for this AVX2 host) against 434, 100 of
-        them spills, when the 16 vectors were transposed 16 × 16 in float32 (a gated backward's ≈ 800 sums per
-        block went from ≈ 3.5 to ≈ 2 µs, D = 16, one thread)."""
+        sums lane after lane. With AVX2 this is about 270 instructions for 16 sums, where transposing the 16 vectors
+        16 × 16 in float32 needs about 430, 100 of them spills."""
         D4 = "<4 x double>"
         for g0 in range(0, len(vectors), 4):
             group = list(vectors[g0:g0 + 4])
@@ -368,8 +332,8 @@ class _Builder:
 
     def lane_sums_loop(self, src: str, n: int, base: str) -> None:
         """base[i] = the sum of the lanes of vector i of ``src`` (i < n), as :meth:`lane_sums`: four sums an
-        iteration of a runtime loop, the rest after it (a gated backward's code 14.9 → 2.3 thousand instructions,
-        D = 16, when its ≈ 800 sums were straight-line code)."""
+        iteration of a runtime loop, the rest after it (a gated backward's ≈ 800 sums at D = 16 as straight-line code
+        would be ≈ 15 thousand instructions; the loop keeps its code about 2 thousand)."""
         full = n - n % 4
         if full:
             name = f"ls{next(self._n)}"
@@ -410,12 +374,9 @@ Z_UNITS = 4
 
 
 #: Columns of S_t (E_t) a rows loop of the backward's passes updates, its q̄_t (k̄_t) entries carried in registers:
-#: all D carried spilled on an AVX2 machine (16 registers of 8 float32; a LANES vector of 16 takes two). In a
-#: slow hour (one thread, 16 blocks, T = 103 / 101, alternated in one process) the gated backward took 4.8-5.1 ms
-#: with 2 columns, 4.9-5.0 with 3, 5.0-5.4 with 4, 5.4-5.8 with all 16 (D = 16); 2.2 against 2.6-2.7 ms (D = 11).
-#: With AVX-512 (``wide_registers``: 32 registers, a LANES vector in one) 4 columns: drift's backward (D = 11, T = 101,
-#: 16 blocks, one thread; the median of 40 rounds' ratios, the variants' order rotated each round, 29 Nov 2026, a Zen 4
-#: host) took 0.935× the time of 2 columns, 1.02× with 8 and 1.18× with all 11; gating's below (``HALF_LANES``).
+#: all D carried spill with AVX2 (16 registers of 8 float32; a LANES vector of 16 takes two), so 2 columns there.
+#: With AVX-512 (``wide_registers``: 32 registers, a LANES vector in one) 4 columns fit; all of them spill again.
+#: gating's half vectors: ``HALF_LANES``.
 STATE_COLUMNS = 4 if wide_registers() else 2
 
 
@@ -428,14 +389,9 @@ def _slices(D: int, halves: bool = False) -> list[tuple[int, int]]:
 
 #: Whether the gated backward's rows loops (both passes) run on half vectors (``_Builder.half``: 8 lanes, one AVX2
 #: register), each slice of columns a loop per half, ``HALF_COLUMNS`` columns a slice: the same operations per
-#: lane, in the same order (the same bits; tested). Half the registers per value, so the slices are wider. One
-#: thread, 16 blocks, D = 16, T = 103, kept projections, alternated in one process (29 Nov 2026, AVX2): the backward
-#: with z̄ 2.67-2.72 → 2.52-2.68 ms, without 2.15-2.21 → 1.99-2.12 ms (2, 3, 6 and 8 columns: no faster than 4;
-#: the projections' forward and the weight-gradient tiles on half vectors: no faster). With AVX-512 a LANES vector
-#: is one register and the loops run on whole vectors, ``STATE_COLUMNS`` columns a slice. There the median of 40
-#: rounds' ratios (order rotated; 29 Nov 2026, 23:30, a Zen 4 host) took the backward with z̄ 0.92-0.94× and
-#: without 0.97× the time of half vectors (8 columns: 0.90-0.92× and 0.98-1.0×; all 16: 1.03-1.07× the time of 8,
-#: the fastest of 15 calls; W_ROWS × W_COLUMNS 2 × 8, 3 × 8, 2 × 12, 1 × 16: within 2-4 % of 1 × 6, not kept).
+#: lane, in the same order (the same bits; tested). Half the registers per value, so the slices are wider (with
+#: AVX2). With AVX-512 a LANES vector is one register and the loops run on whole vectors, ``STATE_COLUMNS``
+#: columns a slice.
 HALF_LANES = not wide_registers()
 HALF_COLUMNS = 4
 
@@ -445,10 +401,9 @@ DA_SLOTS = 3
 
 
 #: A weight-gradient tile of ``backward_ir``'s sums W̄_i[e, f] = Σ_t ḡ_{i,t}[e] z_t[f]: W_ROWS rows e × W_COLUMNS
-#: columns f, their accumulators in registers over a chunk's tokens. On this AVX2 machine (16 registers of 8 float32,
-#: two per LANES vector) 1 × 6 took the gated backward 4.0-4.1 ms against 4.7-4.9 with 2 × 16 (whose 32 accumulators
-#: spilled), 4.0-4.1 with 2 × 3, 4.3-4.4 with 1 × 8 (D = 16, T = 103, 16 blocks, one thread, a slow hour,
-#: alternated in one process; 2.0-2.1 against 2.3 ms at D = 11).
+#: columns f, their accumulators in registers over a chunk's tokens. With AVX2 (16 registers of 8 float32, two per
+#: LANES vector) 1 × 6 keeps its accumulators and operands in registers; larger tiles (2 × 16: 32 accumulators)
+#: spill.
 W_ROWS = 1
 W_COLUMNS = 6
 
@@ -477,9 +432,8 @@ def _gates(ir: _Builder, z, D: int):
 
 
 #: Whether the float32 kernels' scalar gates compute glibc's expf inline (:func:`_expf_glibc`; the same bits) or
-#: call it per lane (``llvm.exp``). The backward's first pass called it until 29 Nov 2026 (inline there took 3-4 %
-#: longer on 28 Nov); with the projections' loops of 29 Nov inline took 1 % less (D = 16, T = 103, one thread,
-#: alternated: 3.27-3.51 against 3.34-3.57 ms).
+#: call it per lane (``llvm.exp``): inline, a vector's 16 exponentials are one vector computation instead of 16
+#: calls.
 INLINE_EXPF = True
 
 
@@ -532,11 +486,9 @@ def _units_loop(ir: _Builder, name: str, n: int, per: int, body) -> None:
     last n mod per after it with constant indices: ``body(units)`` emits the IR of the units (i64 values or
     constants) in the current block. Ends in a block of its own (``name.done`` or the tail's).
 
-    Why loops: on this VM's host in its slow hours, straight-line code beyond a few hundred instructions ran at
-    a fraction of the rate of the same FMAs in a small loop (6 chains of FMAs with memory operands, one thread,
-    two rounds: 72-93 GFLOP/s unrolled 4 steps a loop, 34-55 at 64, 32-49 at 256-1024), while a tight FMA loop
-    and a matmul kept their speed; the layers' projections, unrolled (3D² FMAs), took 2.4× the time of the same
-    FMAs looped over the rows (D = 16, T = 103, 16 blocks, one thread; the same bits)."""
+    Why loops: on some hosts straight-line code beyond a few hundred instructions runs at a fraction of the rate
+    of the same FMAs in a small loop, while a tight FMA loop keeps its speed; the layers' projections unrolled are
+    3D² FMAs of straight-line code. Looped, they give the same bits."""
     full = n - n % per
     if full:
         entry = ir._block
@@ -572,11 +524,8 @@ def _projections(ir: _Builder, name: str, zp: str, out: str, D: int) -> None:
 
 
 #: Rows e of q_t, k_t and v_t an iteration of :func:`_projections`' loop: 2 rows are 12 register chains of FMAs
-#: (6 with one row: each iteration waited on an FMA's latency). With the weights and z_t read directly (not
-#: through opaque copies, which cost a register move per operand: the inner loop ran at 6 instructions a
-#: cycle, this Zen 3 host's dispatch width) gating's layer (D = 16, T = 103, 16 blocks, one thread, alternated
-#: in one process, 29 Nov 2026) took 1.22 → 1.00-1.01 ms (forward) and 3.6-4.0 → 3.3-3.6 ms (backward); one row
-#: read directly 1.03-1.05 and 3.5-3.6 ms. The same bits.
+#: (6 with one row: each iteration waits on an FMA's latency). The weights and z_t are read directly, not through
+#: opaque copies, which cost a register move per operand and fill the front end's dispatch width. The same bits.
 PROJECTION_ROWS = 2
 
 
@@ -584,8 +533,7 @@ def _inner_chains(ir: _Builder, name: str, n: int, starts: list, terms) -> list[
     """Chains c_r = start_r + Σ_{u < n} Σ_(w, x) ∈ terms(u)[r] w·x, the products of each u in order (a dot from
     the left: the first product a multiply when start_r is None), the terms u ≥ 1 a runtime loop carrying the
     chains (``_rows_loop``; u an i64 value there). A loop of a few FMAs per chain instead of n unrolled: see
-    :func:`_units_loop`; on the slow host the layers' projections took 1.2-1.8 ms against 1.8-2.1 ms unrolled
-    over f (gated forward, D = 16, T = 103, 16 blocks, one thread, alternated)."""
+    :func:`_units_loop`."""
 
     def step(u, accs):
         out = []
@@ -692,8 +640,9 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 
     ``gated`` (residual only; ``gated``'s scalar-gated layer, g_t = φ(a_t), a_t = w_gᵀ z_t): ``backward(Z, WQ,
     WK, WV, wg, O, dO, dZ, dW, dwg, QKV, G, DA, ACC, T, first, stop)`` with O the forward's outputs, DA (T, 3, LANES)
-    scratch (ā_t, and g_t, 1 − g_t kept from pass 1 for pass 2, which recomputed them: at D = 16, T = 103, 16
-    blocks on one thread, 4.4-4.7 → 4.2-4.3 ms, the same bits); E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ, and the gates through the cumulative log gates (``gated._gated_layer_source``):
+    scratch (ā_t, and g_t, 1 − g_t kept from pass 1 for pass 2, so that pass 2 does not compute them again; the
+    same bits); E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ, and the gates through the cumulative log gates
+    (``gated._gated_layer_source``):
     R_t = Σ_{u≥t} (ō_u·(o_u − z_u) − k_u·k̄_u) (ō_u·(o_u − z_u) as q_u·q̄_u after pass 1: :data:`Q_DOT_R`),
     ā_t = (1 − g_t) R_t, w̄_g = Σ_t ā_t z_t, z̄_t += ā_t w_g; dwg[blk] (D) the block's w̄_g.
 
@@ -767,12 +716,10 @@ def backward_ir(D: int, residual: bool, grad_z: bool, grad_lam: bool, dtype, gat
 #: W̄_Q = Σ_t q̄_t z_tᵀ = Σ_t Σ_{s≤t} Γ(s, t) k_s v_sᵀ ō_t z_tᵀ = Σ_s k_s m_sᵀ. Pass 1 (S_t computed again and
 #: q̄_t = S_tᵀ ō_t: 3 of the backward's 10 D² vector operations a token, and a sweep over the block's operands) is
 #: gone; p_t and k̄_t cost D² each. Not the bits of the two passes (other sums): float64 agrees with the token-layout
-#: kernels to 1e-12 and float32 as close to float64 as the two passes (tested). Measured on a Zen 3 host (1 Dec 2026,
-#: one thread, D = 16, T = 103, kept projections, alternated in one process): 0.86-0.89× the two passes' time for 16
-#: blocks a call (their operands from L3), 1.01× for one block a call just after its forward (as the grid driver
-#: calls it: its operands in L2, where pass 1 is cheap); gating.fig2's loss and gradient 0.99× (the medians of two
-#: runs of 80 paired rounds, 0.989 and 0.991: within this VM's noise). drift's layer keeps its two passes: there (D = 11, λ̄ through
-#: X^F_t = λ X^F_{t+1} + F_{t+1}) the one pass took 1.05-1.08× their time and drift.fig2's loss and gradient 1.12×.
+#: kernels to 1e-12 and float32 as close to float64 as the two passes (tested). It saves most where a call's
+#: operands come from L3 (many blocks a call); one block a call just after its forward (as the grid driver calls
+#: it) has its operands in L2, where pass 1 is cheap. drift's layer keeps its two passes: there (D = 11) λ̄ needs
+#: X^F_t = λ X^F_{t+1} + F_{t+1} on top, and the one pass is slower.
 ONE_PASS_FIRST_LAYER = True
 
 
@@ -858,10 +805,9 @@ def _two_pass_first(ir: _Builder, D: int, residual: bool, grad_z: bool, gated: b
 #: q_t·q̄_t (q̄_t = S_tᵀ ō_t, in G from pass 1) rather than from the outputs: o_t − z_t subtracts the residual
 #: stream from the layer's output, which cancels where the attention's part of o_t is small against z_t; and O is
 #: not read again. At gating.fig2's init (10 seeds, against float64 at the same data) the middle layers' w̄_g
-#: error went 1.8·10⁻⁴ → 1.2·10⁻⁴ of its largest entry (a compensated sum of R_t on top: no closer; XLA's float32
-#: parallel form 2.3·10⁻⁵). The backward with z̄ took 0.95× (16 blocks a call) and 0.96× (one block a call) the time
-#: of the outputs form (D = 16, T = 103, kept projections, one thread, medians of 40 alternated rounds, 2 Dec 2026,
-#: a Zen 3 host). The one-pass first layer has no q̄_t and keeps the outputs form.
+#: error is 1.2·10⁻⁴ of its largest entry against 1.8·10⁻⁴ from the outputs (a compensated sum of R_t on top: no
+#: closer; XLA's float32 parallel form 2.3·10⁻⁵), and the backward reads less. The one-pass first layer has no q̄_t
+#: and keeps the outputs form.
 Q_DOT_R = True
 
 
@@ -883,9 +829,8 @@ def _pass2(ir: _Builder, D: int, grad_z: bool, grad_lam: bool, gated: bool, kept
     zp, dop, dzp, sp, gp = token_pointers("p2")
     decay = lam
     if gated:  # E_t = g_{t+1} E_{t+1} + ō_t q_tᵀ (g_T = 0), and R's running sum (phis inserted below)
-        # O_{t-1}'s lines prefetched: pass 2 runs down the tokens and O was last read in pass 1 (its first load a
-        # token took ≈ 5 % of the backward's samples in a profile; 3.7-4.0 → 3.4-3.7 ms, D = 16, T = 103, 16
-        # blocks, one thread, alternated; prefetching dO, dZ, Z, q, k, v and their cotangents too: no faster)
+        # O_{t-1}'s lines prefetched: pass 2 runs down the tokens and O was last read in pass 1, so its first load
+        # a token would miss the cache (the other streams gain nothing from a prefetch)
         if one_pass or not Q_DOT_R:
             ir.emit(f"%p2.pf = sub i64 %p2.toff, {D * LANES}")
             ir.prefetch(ir.gep("%O", "%p2.pf"), D)
@@ -1000,9 +945,8 @@ def _weight_gradient_sums(ir: _Builder, D: int, gated: bool, grad_lam: bool, one
         ir.emit(f"%gwo = mul i64 %blk.i, {D}")
         gwp = ir.gep("%dlam", "%gwo")
     # ACC's slot of W̄_i[e, f]'s accumulator is ρ·D + f, ρ = i·D + e the row of ḡ_{i,t}[e] in the scratch G; w̄_g's
-    # (from DA's ā_t) follow at 3D² + f. The first chunk's tiles start from zero, the others from ACC (ACC zeroed
-    # first was a memset of 50 kB a block at D = 16: T = 3, one thread, the backward 10.4-10.6 → 9.8 µs a block
-    # with z̄, 9.2-9.4 → 8.6-8.7 without)
+    # (from DA's ā_t) follow at 3D² + f. The first chunk's tiles start from zero, the others from ACC (zeroing ACC
+    # first would be a memset of 50 kB a block at D = 16, a large part of a short prompt's backward)
     ir.emit("br label %wc")
     _loop_head(ir, "wc", "p2.done", "wc.latch", "0", W_CHUNK, "%T")
     ir.emit("%wc.first = icmp eq i64 %wc.i, 0")
@@ -1049,8 +993,8 @@ def _weight_gradient_sums(ir: _Builder, D: int, gated: bool, grad_lam: bool, one
                 for n, slot in enumerate(row):
                     ir.store(acc[r][n], "%ACC", slot)
 
-    # the tiles of ρ = 0..3D-1 a runtime loop (as fast as the unrolled copies, D = 11 and 16, in a slow hour; a
-    # fraction of the code to compile), then w̄_g's
+    # the tiles of ρ = 0..3D-1 a runtime loop (as fast as the unrolled copies, and a fraction of the code to
+    # compile), then w̄_g's
     if one_pass:
         _units_loop(ir, "wq", D, W_ROWS, functools.partial(tile, keys=True))
         _units_loop(ir, "wt", 2 * D, W_ROWS, lambda units: tile([ir.affine(u, 1, D) for u in units]))
@@ -1077,7 +1021,8 @@ _SCRATCH = threading.local()
 def _scratch(slot: int, shape, dtype) -> int:
     """The address of this thread's scratch buffer ``slot``, ``ALIGN``-byte aligned, room for ``shape`` of
     ``dtype``: kept between calls (grown when too small), as every kernel writes its scratch before reading it.
-    gating.fig2 calls ≈ 500 kernels a step, and allocating the scratch took ≈ 20-40 µs of a call."""
+    gating.fig2 calls ≈ 500 kernels a step, and allocating the scratch each call would be a noticeable part of a
+    call."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
@@ -1446,11 +1391,9 @@ def _grid_job(ir: _Builder, D: int, pointers, blocked: bool = False) -> tuple[st
     ``blocked``: Z is the blocked copy (S, RZ, NB, Tmax, D, LANES) of the prompts (spare lanes zero), nothing is
     gathered, and the pointer returned is the job's block of it, whose token t the kernel reads at position
     %P[t] (%P = pos[g]); the loop visits the jobs block by block, ((s·NB + block)·M + m)·G + g, so that a
-    block's tokens stay in cache while every model reads them (gating.fig1's loss and gradient 0.200 → 0.177 s
-    alternated, 28 Nov 2026), and the outputs go to job ((s·M + m)·G + g)·NB + block as before (``ir.job``).
-    Why: every job (every model) gathered its block's tokens into its scratch again, a store and a later load of
-    T·D vectors per job; without that copy gating.fig1's loss and gradient took ≈ 45 of its 238 ms less (28 Nov
-    2026, timed with the copy removed)."""
+    block's tokens stay in cache while every model reads them, and the outputs go to job ((s·M + m)·G + g)·NB +
+    block as in the gathered form (``ir.job``). Why: gathered, every job (every model) copies its block's tokens
+    into its scratch again, a store and a later load of T·D vectors per job."""
     IV, ty = f"<{LANES} x i64>", ir.ty
     if blocked:  # visited as ((s·NB + block)·M + m)·G + g: a block's models one after the other, its tokens hot
         decode = ("%jg = urem i64 %blk.i, %G", "%u1 = udiv i64 %blk.i, %G", "%jm = urem i64 %u1, %M",

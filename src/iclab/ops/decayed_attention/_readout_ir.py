@@ -19,19 +19,16 @@ column is rewritten per row), and each model of the block runs three passes over
 (2) t descending: ω_t, ŷ and ŷ' = ∂ŷ/∂λ, then the loss and e; (3) c̄ = e Σ_t ω_t a_t z_t and ū = e Σ_t ω_t s_t z_t,
 2D accumulators. Passes (1) and (3) go over the tokens a chunk at a time (:data:`CHUNK`) for all K models of
 the row: a block's tokens (71 KB at drift.fig1's T = 101, D = 11) overflow L1, a chunk's do not, so the K models
-read them from L1 instead of each from L2 (the kernel alone 17 % faster on one thread, 5-6 % on two, 28 Nov
-2026; the same bits, tested).
+read them from L1 instead of each from L2 (the same bits, tested).
 
 Register tiles: both passes work on sub-vectors of one 256-bit register (W = 8 float32 or 4 float64 of the
 LANES lanes; AVX2, 16 registers), a LANES-wide vector being 2 or 4 registers. Pass (1) computes :data:`TOKENS`
-tokens at a time, so that each c_f and u_f loaded serves their 2·TOKENS chains (before: two chains a token,
+tokens at a time, so that each c_f and u_f loaded serves their 2·TOKENS chains (rather than two chains a token,
 c's D sub-vectors loaded again for each). Pass (3) first writes e ω_t a_t and e ω_t s_t into the slots of a_t
 and s_t, then accumulates :data:`COLUMNS` features of c̄ and ū at a time over the chunk's tokens, 2·COLUMNS
-accumulators in registers (before: 2D LANES-wide accumulators, 44 registers at D = 11, spilled and reloaded at
+accumulators in registers (2D LANES-wide accumulators would be 44 registers at D = 11, spilled and reloaded at
 every FMA). Every FMA chain keeps its operands and its order (over f for s_t and a_t, over t for c̄ and ū), so
-the tiles change no bit (tested against one token and one feature a tile). At drift.fig1's paper shape, the
-kernel alone, alternated in one process (29 Nov 2026, a slow hour of this VM): 177-181 → 87-105 ms on one
-thread, 84-108 → 53-61 ms on two.
+the tiles change no bit (tested against one token and one feature a tile).
 
 Flops per (prompt, model): 2D² (c), 4TD (a_t, s_t; then the 2D accumulations), the floor's 2(4TD + 4D²) with
 M̄'s 2D² (``iclab.benches.drift``); plus O(T) for ω and the sums.

@@ -67,11 +67,11 @@ def forget_kernel_timings(B: int, T: int, D: int) -> dict:
 
     timed = [("layer_forward", lambda: native._host_layer_forward(Z, *W, lam), 5),
              ("layer_backward", lambda: native._host_layer_backward(Z, *W, lam, dO), 16)]
-    timed += [x for pair in zip(blocked("blocked"), blocked("ir")) for x in pair]  # alternated: the VM drifts
+    timed += [x for pair in zip(blocked("blocked"), blocked("ir")) for x in pair]  # alternated: speed drifts
     out = {}
     for name, call, fma in timed:
         call()
-        seconds = min(timeit.repeat(call, number=1, repeat=5))  # best of 5: this VM's speed drifts between calls
+        seconds = min(timeit.repeat(call, number=1, repeat=5))  # best of 5: a machine's speed drifts between calls
         out[f"{name}_s"] = seconds
         out[f"{name}_gflops"] = 2 * fma * D * D * B * T / seconds / 1e9
     return out

@@ -13,8 +13,8 @@ bilinear in (u, c), so ONE pass over the tokens gives it and every residual of i
 w'_t = (T-1-t) λ^{T-2-t}; then ŷ = c · H, and the backward pass (in JAX) is three contractions with the
 cotangent g_gkb: ∂/∂u = Σ_b g J, ∂/∂c = g H, ∂/∂λ = Σ_b g ŷ'. The gradient of W_Q, W_K flows on through c.
 
-Why a kernel: XLA:CPU runs these contractions (T = 101 by D = 11, batched over prompts and models) at
-1-2 GFLOP/s on this machine, a few per cent of its matmul peak. The kernel takes a block of prompts of one
+Why a kernel: XLA:CPU runs these contractions (T = 101 by D = 11, batched over prompts and models) at a few
+per cent of the CPU's matmul peak. The kernel takes a block of prompts of one
 row, transposes it prompt-minor into a buffer that stays in cache for the K models of the row, and
 vectorises over the prompts of the block (the loops over D unrolled into scalars, as in
 :mod:`iclab.engines.moments_native`). Each output is summed by one thread in a fixed order, so the result
@@ -537,7 +537,7 @@ def _layer_kernels(D: int, residual: bool = False, *, blocked: bool = False, gra
                            constants={"CH": lanes}, fastmath=_FASTMATH, nogil=True, boundscheck=False)
 
 
-#: Which kernels run float32 full layers on the blocked layout in ``multilayer_mse``: "llvm" (``_layer_ir``, ≈ 1.3-1.4×
+#: Which kernels run float32 full layers on the blocked layout in ``multilayer_mse``: "llvm" (``_layer_ir``, the
 #: faster) or "numba" (``_layer_source``, their twin in the tests). float64 always runs numba's: there the IR
 #: kernels (16 doubles are two vector registers) are no faster.
 FLOAT32_LAYERS = "llvm"
@@ -567,7 +567,7 @@ def _blocked_source(D: int) -> str:
         "def readout(Z, u, c, w, wp, y, scale, err, H, J, dy, dZ, cot, first, stop):",
         "    T = Z.shape[1]",
         # accumulators and the block's c in buffers of the kernel's own: with the outputs written in the hot loop,
-        # LLVM could not rule out their aliasing the inputs and left the loop scalar (≈ 5× slower)
+        # LLVM could not rule out their aliasing the inputs and left the loop scalar
         f"    acc = np.empty(({2 * D + 1}, CH), Z.dtype)",
         f"    cl = np.empty(({D}, CH), Z.dtype)",
         "    el = np.empty(CH, Z.dtype)",

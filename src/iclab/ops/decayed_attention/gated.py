@@ -35,7 +35,7 @@ needs both); it runs inside jitted JAX code through ``jax.pure_callback`` (CPU o
 
 Why a kernel: in XLA these contractions (T ≤ 103 by D = 16, batched over 256 prompts and thousands of models)
 are a sequence of passes over the token tensor, memory bound, and the query weights cost a (T, T) product;
-gating.fig1's paper step took 2.1 s, most of it the vector-gated models (``iclab bench gating``).
+in gating.fig1's paper step the vector-gated models cost the most (``iclab bench gating``).
 """
 
 from __future__ import annotations
@@ -490,7 +490,7 @@ _GRID_BLOCKS = threading.local()
 
 def _grid_blocks_buffer(shape, dtype) -> np.ndarray:
     """This thread's buffer for ``grid_blocks``, kept between calls (grown when too small): a fresh 17-MB array
-    for gating.fig1's batch cost ≈ 5 ms of page faults per call, the copy itself ≈ 1 ms."""
+    for gating.fig1's batch would cost more in page faults per call than the copy itself."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = getattr(_GRID_BLOCKS, "buf", None)
@@ -1085,8 +1085,8 @@ GRID_DRIVER = True
 
 #: Members a thread claims at a time from the grid's queue: at least DRIVER_CHUNK, and a 1/(DRIVER_GUIDE · threads)
 #: share of those left (guided scheduling: long claims while many are left, short ones at the end, where the
-#: threads must finish together): gating.fig2's step makes 72 driver calls instead of 150, each ≈ 100 µs of
-#: Python (270-300 µs before numba's types of the six kernel arguments were made once, ``_grid_driver``).
+#: threads must finish together): gating.fig2's step makes about half the driver calls of fixed claims of
+#: DRIVER_CHUNK, and each call has a fixed cost in Python.
 DRIVER_CHUNK = 2
 DRIVER_GUIDE = 4
 

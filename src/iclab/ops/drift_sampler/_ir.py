@@ -24,9 +24,8 @@ Why: the ziggurat kernel (``ops.drift_sampler.native``, numba) spends most of dr
 read and a branch per normal, slow-path walks for 14 % of its streams, and a scalar AR(1) chain per prompt. Here
 every step is straight-line vector code over four prompts: the five Philox blocks of a position, ten Box-Muller
 pairs (one division and one square root each; the polynomials by Estrin's scheme, whose dependency chains are half
-Horner's: 52 → 48 ms), the recursion with each process's w in an L1 scratch, and the writes as scattered stores
-(≈ 5 of the kernel's ≈ 50 ms). drift.fig1's batch (5 processes × 5000 prompts × 101 tokens) on one core: 48-57 ms
-against 73-77 ms for the ziggurat kernel at the same minutes (28 Nov 2026, a slow hour of this VM).
+Horner's), the recursion with each process's w in an L1 scratch, and the writes as scattered stores (a small part
+of the kernel's time).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ __all__ = ["LANES", "reference", "sample", "sampler_kernel"]
 #: Prompts per vector: four float64 in an AVX2 register.
 LANES = 4
 #: Box-Muller pairs whose instructions are interleaved, as are a position's Philox blocks (no effect on the bits;
-#: none on the speed beyond this VM's noise either, 1 to 10 tried).
+#: little on the speed, 1 to 10 tried).
 INTERLEAVE = 2
 
 _OUT = {np.dtype(np.float32): ("float", "f32", 4), np.dtype(np.float64): ("double", "f64", 8)}

@@ -12,8 +12,8 @@ The standard normals come from another stream: Philox4x32-10 (Salmon et al., "Pa
 as 1, 2, 3", SC 2011), a counter-based generator keyed by the two 32-bit words of the JAX key, with the counter
 (prompt b, position i, stream, block), and a 256-layer ziggurat (one 32-bit word per normal on its fast path). A normal is
 a function of (key, b, i, coordinate) alone, so the batch does not depend on the thread count, and a vmapped
-call draws each key's numbers by itself. Why: XLA's normal sampler (RNG bits and an erfinv transform) cost
-0.3 s of drift.fig1's 0.95 s step at batch 5000 (10⁷ normals); here one pass draws the normals, runs the
+call draws each key's numbers by itself. Why: XLA's normal sampler (RNG bits and an erfinv transform) is a
+large part of drift.fig1's step at batch 5000 (10⁷ normals); here one pass draws the normals, runs the
 AR(1) recursion and writes the tokens. The draws differ from ``sample_drift_prompts``' (another generator);
 their distribution is the same, which the tests check against the process's moments.
 
@@ -22,18 +22,15 @@ and runs its ziggurat one word at a time; ``kernel`` (the one used) first draws 
 all 2T + 1 streams of a prompt in one loop over lanes that LLVM vectorises (Philox's 32 × 32-bit products,
 8 lanes per AVX-512 instruction), then reads each stream's normals off its words in a call-free loop while
 they take the ziggurat's fast path, and only then (14 % of the streams at d = 10) runs the slow path,
-which draws further blocks when a stream needs them. drift.fig1's batch (5 processes × 5000 prompts × 101
-tokens): 71 ms against 130-150 ms on one core; 45 ms against 220 ms per jitted call on two, with freed memory
-retained (:mod:`iclab.ops._runtime.malloc`) against glibc's defaults (27 Nov 2026). With 256 ziggurat layers (the slow path
-a quarter of the time before) and the shared layout: 55 ms against 66 ms on one core, 32-34 ms against 36 ms per
-jitted call on two (later that day).
+which draws further blocks when a stream needs them. Inside jitted code it relies on freed memory being retained
+(:mod:`iclab.ops._runtime.malloc`): with glibc's defaults page faults would cost more than the draws. 256 ziggurat
+layers keep the slow path rare.
 
 ``normals="box_muller"`` draws the same process from another stream, in one LLVM IR kernel over lanes of four
 prompts (:mod:`iclab.ops.drift_sampler._ir`): Philox words under the same key, Box-Muller normals (ln, cos and sin by
 polynomials, a few ulp from numpy's), the AR(1) recursion and the writes, straight-line vector code where the
-ziggurat's branches and table reads were scalar. Its 32-bit uniforms cut the normal's tail beyond 6.66 σ (mass
-2.7·10⁻¹¹). drift.fig1's batch: 48-57 ms against 73-77 ms on one core; 27 against 39 ms per jitted call on two, the
-whole step 112 against 125 ms (minima of alternated calls, 28 Nov 2026, a slow hour of this VM). Its naive twin is
+ziggurat's branches and table reads are scalar. Its 32-bit uniforms cut the normal's tail beyond 6.66 σ (mass
+2.7·10⁻¹¹). It draws drift.fig1's batch faster than the ziggurat kernel. Its naive twin is
 ``_drift_ir.reference`` in numpy (equal bit for bit, tested); the ziggurat stays the default, whose stored results it
 reproduces.
 """

@@ -1,8 +1,7 @@
 """Compiled CPU kernels of the moments engine for the reduced linattn models (numba).
 
 :func:`iclab.engines.moments.full_batch` runs any model ⟨T(θ), φ⟩ through XLA: a step of the Fig 4
-setting (64 features) costs ~1.6 µs on a CPU, nearly all of it XLA's fixed cost per operation, not
-arithmetic. Here the whole loop of plain GD on
+setting (64 features) is nearly all XLA's fixed cost per operation, not arithmetic. Here the whole loop of plain GD on
 
     L(θ) = c − 2⟨T, m⟩ + Tᵀ G T,   ∇_T L = g = 2(G_s T − m),   G_s = (G + Gᵀ)/2,
 
@@ -16,8 +15,8 @@ chain rule written out (A is the D×D matrix with T = vec(A), column-stacking, s
 
 It follows the XLA engine's trajectory to rounding (tests compare both, and both against full-batch
 GD on the prompts). The kernels are generated for each D with the loops over D unrolled into scalar
-accumulators, which LLVM keeps in registers (loops accumulating into small arrays ran ~2× slower);
-G·T is blocked four rows at a time. A step of the Fig 4 setting takes ~0.4 µs. Plain GD with a
+accumulators, which LLVM keeps in registers (loops accumulating into small arrays keep them in memory);
+G·T is blocked four rows at a time. Plain GD with a
 constant learning rate only: other optimisers and schedules use :func:`iclab.engines.moments.full_batch`.
 The engine that runs this kernel with the engines' records, progress and divergence checks is
 :func:`iclab.engines.moments_native.full_batch`.

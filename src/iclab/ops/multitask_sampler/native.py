@@ -12,8 +12,8 @@ the labels as arrays of their own before the tokens, and computed the draw's nor
 The labels' sums: y_i sums the d products x_{i,c} β_{k(i),c} (each rounded to float32) in eight lanes: lane l sums
 the products c ≡ l (mod 8) in order of c, then the lanes are added pairwise, (l, l + 4), then (l, l + 2), then
 (0, 1) (:func:`label_sum`, the kernel tested bit for bit against it). That is the order of XLA's reduction in
-gating.fig2's batch on this AVX2 machine, so its training gives the same bits as before (checked end to end, 29 Nov
-2026). XLA's order depends on its fusion and the CPU: in gating.fig1's batch it sums with FMAs in sequence (which is
+gating.fig2's batch on an AVX2 CPU, so its training gives the same bits as with XLA's sampler there (checked end to
+end). XLA's order depends on its fusion and the CPU: in gating.fig1's batch it sums with FMAs in sequence (which is
 why that batch stays XLA's); another order differs from these labels by rounding only.
 """
 

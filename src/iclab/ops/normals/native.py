@@ -8,19 +8,17 @@ the key (k0, k1); the draw is the blocks' words in order, cut to the shape's siz
 draw takes words 2m, 2m + 1 as its m-th value's low and high halves (read from XLA's expansion of the op; the
 tests compare every case with ``lax.rng_bit_generator``).
 
-Why: XLA expands the generator into elementwise HLO (the ten rounds on 64-bit products) that ran on one thread here,
-≈ 3.6 ms per 2.9·10⁵ words, 36 ms of gating.fig2's 45-ms batch (10 seeds × 256 prompts × 1141 normals); the kernel
-below (numba, the rounds written out, the whole blocks in a loop without branches) draws them in ≈ 0.77 ms per key
-on one thread (1.3 ms with the last block's cut in the loop), split over the threads. Only the bits move:
+Why: XLA expands the generator into elementwise HLO (the ten rounds on 64-bit products) that runs on one thread,
+most of gating.fig2's batch (10 seeds × 256 prompts × 1141 normals); the kernel below (numba, the rounds written
+out, the whole blocks in a loop without branches, the last block's cut after it) draws them split over the
+threads. Only the bits move:
 :data:`IMPL` is a JAX PRNG implementation whose ``random_bits`` is this kernel (a host call), so
 ``jax.random.normal`` and ``uniform`` turn its bits into floats with their own XLA code, as they do the RBG key's,
 and the draws are the same bits (tested). Its other functions are the RBG key's. Under vmap one host call draws
 every key's words (``broadcast_all``), the keys' blocks one range of jobs split over the threads, not a host call
-and a split per key: gating.fig2's normals (10 keys) 13.5-17.0 → 9.6-10.2 ms, its batch 26.0-30.6 → 22.0-24.6 ms
-(fastest-median of 5 rounds, alternated in one process, 29 Nov 2026). The whole blocks now come eight at a time
-from an LLVM IR kernel (``IR_BLOCKS``: the rounds on lanes of blocks, 32 × 32 → 64-bit products by vpmuludq, where
-numba's loop stayed scalar), numba's loop doing the rest: gating.fig2's 2.9·10⁶ words 8.4 → 3.1 ms on one thread,
-4.4 → 2.0 ms of its training step (29 Nov 2026, evening).
+and a split per key. The whole blocks come eight at a time from an LLVM IR kernel (``IR_BLOCKS``: the rounds on
+lanes of blocks, 32 × 32 → 64-bit products by vpmuludq, where numba's loop stays scalar), numba's loop doing the
+rest.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ For streams b = 1..B of inputs x_bt (shared by G label sets) and labels y_gbt, t
 and the result is each stream's a-priori squared error (y_t − ŷ_t)² averaged over its last ``window`` steps:
 drift.baselines' Monte-Carlo protocol (Sec 5).
 
-Why a kernel: XLA runs RLS's step (batched 10 × 10 products, T = 1000 steps in a scan) at well under 1 GFLOP/s
-on this machine: 0.4-0.6 s per 2000 streams of 1000 steps, 10-16 s of drift.baselines' paper run. The kernel
+Why a kernel: XLA runs RLS's step (batched 10 × 10 products, T = 1000 steps in a scan) at well under 1 GFLOP/s,
+a large part of drift.baselines' paper run. The kernel
 keeps a block of CH streams' states (lanes last: w (G, d, CH), P (G, d, d, CH), a few tens of KB) in cache for
 the whole stream, reads each step's inputs once for the G label sets, and vectorises over the lanes. Each
 stream is one lane, so the result does not depend on the thread count or the block size.
