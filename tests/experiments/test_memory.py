@@ -78,13 +78,20 @@ def test_an_oversized_config_is_refused_before_anything_runs(tmp_path, monkeypat
 
 # -- the estimates against measured peak RSS ---------------------------------------------------------------------
 
+# The child's own high-water mark: /proc/self/status's VmHWM belongs to the process's address space, new at exec.
+# (getrusage's ru_maxrss is not: Linux carries the parent's peak across fork and exec into the child's, so a child
+# of a large pytest worker would report the worker's size.)
 _CHILD = """
 import json, resource, sys
 import iclab
 exp_id, preset, overrides, root = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 iclab.run_experiment(exp_id, preset, overrides, root=root, force=True)
-unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit}))
+try:
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+except (OSError, StopIteration):  # not Linux: ru_maxrss, bytes on macOS
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+print(json.dumps({"peak": peak}))
 """
 
 
