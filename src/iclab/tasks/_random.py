@@ -13,7 +13,7 @@ numbers alone and beside other seeds, and a member of a grid different numbers a
 :func:`standard_normal` has its own batching rule: a vmapped call draws each key's numbers by itself
 (a ``lax.map`` over the keys), so it equals the per-key draws exactly, under any nesting of vmap.
 
-On the CPU the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.ops.normals.native`): XLA's
+Under the native backend (:func:`iclab.ops.backend`) the RBG key's bits come from a compiled kernel (``NATIVE_BITS``, :mod:`iclab.ops.normals.native`): XLA's
 RngBitGenerator, expanded into elementwise HLO that runs on one thread, is most of gating.fig2's batch; the
 kernel draws the same words (Philox4x32-10 as XLA does, tested against ``lax.rng_bit_generator``) on every
 thread, each key by itself under vmap, and ``jax.random.normal`` turns them into floats with its own XLA code, so
@@ -27,6 +27,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import custom_batching
+
+from iclab.ops import backend
 
 __all__ = ["rbg_key", "standard_normal"]
 
@@ -85,8 +87,8 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float64) -
     """N(0, 1) draws of the given shape from a raw (threefry) key, through :func:`rbg_key`.
 
     Equal to ``jax.random.normal(rbg_key(key), shape, dtype)`` for one key, and to those per-key draws
-    row by row under ``vmap`` over keys (module docstring); on the CPU the bits come from a compiled kernel
-    (``NATIVE_BITS``; the same bits).
+    row by row under ``vmap`` over keys (module docstring); under the native backend the bits come from a compiled
+    kernel (``NATIVE_BITS``; the same bits).
 
     Args:
         key: a raw (2,) uint32 key.
@@ -94,5 +96,5 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float64) -
         dtype: float dtype of the draw.
     """
     # the kernel draws XLA's 32- and 64-bit words; narrower floats, and other backends, keep XLA's generator
-    native = NATIVE_BITS and jax.default_backend() == "cpu" and jnp.dtype(dtype).itemsize in (4, 8)
+    native = NATIVE_BITS and backend() == "native" and jnp.dtype(dtype).itemsize in (4, 8)
     return _sampler(tuple(int(s) for s in shape), jnp.dtype(dtype), native)(key)

@@ -3,6 +3,9 @@
 ``auto`` (the default) is ``native`` when JAX's default device is a CPU and ``xla`` otherwise (an
 accelerator runs the pure-JAX forms; the compiled kernels are CPU code). :func:`use_backend` sets it for a
 block of code (the runner does, around a run); the ops and the layers above read it with :func:`backend`.
+It is read when Python runs, i.e. when a jitted function is traced: a function jitted once and called again
+under another backend keeps the form it was traced with (iclab's experiments build their jitted steps inside
+the run, so a run computes wholly with its own backend).
 Standard library only at import.
 """
 
