@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-slow docs clean
+.PHONY: install demo test test-slow docs measure clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
+
+# Measurements as data: every quick preset and every benchmark, each in a fresh process, into one record under
+# docs/measurements/ (commit it); then the README's experiments table regenerated from the records. Long on a small
+# machine (tens of minutes); MEASURE_ARGS narrows it, e.g. make measure MEASURE_ARGS='--only linattn.fig1 --no-bench'.
+MEASURE_ARGS ?=
+
+measure: $(STAMP)
+	$(BIN)/iclab measure $(MEASURE_ARGS)
+	$(BIN)/iclab list --markdown --update README.md
 
 clean:
 	rm -rf $(VENV) iclab-results .pytest_cache test-artifacts site build

@@ -98,5 +98,23 @@ def test_site_in_a_real_browser_from_the_file_system(site, chromium_browser):
         for src, width in figures:
             assert width and width > 0, f"figure not loaded: {src} on {name}"
         assert page.locator("text=assert").count() >= 1  # the theory check is on the page
+
+    # the Benchmarks page shows its bar charts, rendered at build time from the measurement records
+    from iclab import measure
+
+    measured = measure.load()
+    page.goto((site / "benchmarks.html").as_uri())
+    images = page.eval_on_selector_all(
+        "article img", "els => els.map(e => [e.getAttribute('src'), e.complete && e.naturalWidth])")
+    charts = {src: width for src, width in images if src.startswith("benchmarks/")}
+    expected = {f"benchmarks/{kind}.png" for kind in ("speedups", "floors")
+                if any(measured.ratios(b)[kind] for b in measured.benches)}
+    assert set(charts) == expected
+    for src, width in charts.items():
+        assert width and width > 0, f"figure not loaded: {src} on the Benchmarks page"
+    if expected:
+        page.screenshot(path=str(ARTIFACTS / "docs-benchmarks.png"), full_page=True)
+    else:
+        assert "No benchmark has been measured yet" in page.inner_text("article")
     assert not outside, outside
     assert not errors, errors

@@ -2,7 +2,11 @@
 rendered to static KaTeX HTML.
 
 - Papers: one page per paper from the experiment registry (what ``iclab list --markdown`` and
-  ``iclab show`` print).
+  ``iclab show`` print), its runtimes from the measurement records (``docs/measurements``, :mod:`iclab.measure`),
+  and the text of ``docs/papers/<paper>.intro.md`` at its top when that file exists.
+- Benchmarks: the measured numbers of ``docs/benchmarks.md`` and its bar charts (matplotlib, rendered at build
+  time into the site), generated from the newest measurement records; the experiments table of
+  ``docs/papers.md`` likewise.
 - CLI reference: from the typer app's click commands.
 - API reference: one page per public module (the modules ``tests/test_public_api.py`` checks); the build
   fails on a public name without a docstring, or a function with arguments and no ``Args:`` section
@@ -48,7 +52,15 @@ PAPER_TITLES = {
     "drift": "Learning to adapt: in-context learning beyond stationarity",
     "mhsa": "Training dynamics of multi-head softmax attention for in-context learning (Chen, Sheen, Wang, Yang)",
 }
+PAPER_LINKS = {
+    "linattn": "https://arxiv.org/abs/2501.16265",
+    "gating": "https://arxiv.org/abs/2504.04308",
+    "drift": "https://openreview.net/forum?id=giA3v1Lo0G",
+    "mhsa": "https://arxiv.org/abs/2402.19442",
+}
 THEORY = {"linattn": "linattn", "gating": "wpgd", "drift": "drift", "mhsa": "mhsa"}
+BENCH_MARKER = "<!-- iclab: measured benchmarks -->"
+TABLE_MARKER = "<!-- iclab: experiments table -->"
 TUTORIALS = ("linattn", "gating", "drift", "mhsa")
 
 
@@ -119,22 +131,32 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def paper_page(paper: str) -> str:
+def _natural(exp_id):
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", exp_id)]
+
+
+def paper_page(paper: str, docs_dir: Path | None = None) -> str:
+    """One paper's page: its intro (``docs/papers/<paper>.intro.md``, when it exists), the experiments table with
+    the measured runtimes, and every experiment's fields, notes and measured runtimes."""
+    from iclab import measure
     from iclab.experiments import all_experiments
     from iclab.experiments._config import field_rows
 
-    def natural(exp_id):
-        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", exp_id)]
-
-    exps = sorted((e for e in all_experiments().values() if e.paper == paper), key=lambda e: natural(e.id))
-    lines = [f"# {paper}", "", f"*{PAPER_TITLES.get(paper, paper)}*. The digest of the paper is "
-             f"`shared/spec/{paper}.md`; the closed forms are [`iclab.theory.{THEORY[paper]}`](../api/iclab.theory.{THEORY[paper]}.md).",
-             "", "Generated from the experiment registry at build time (`iclab list --markdown`, `iclab show EXP`).", "",
-             "| id | reproduces | quick | paper |", "|---|---|---|---|"]
-    for e in exps:
-        anchor = e.id.replace(".", "")
-        lines.append(f"| [`{e.id}`](#{anchor}) | {_cell(e.title)} ({_cell(e.reference)}) | "
-                     f"{_cell(e.runtime.get('quick', 'not measured'))} | {_cell(e.runtime.get('paper', 'not measured'))} |")
+    exps = sorted((e for e in all_experiments().values() if e.paper == paper), key=lambda e: _natural(e.id))
+    measured = measure.load()
+    theory = f"[`iclab.theory.{THEORY[paper]}`](../api/iclab.theory.{THEORY[paper]}.md)"
+    intro = (docs_dir or ROOT / "docs") / "papers" / f"{paper}.intro.md"
+    if intro.is_file():  # the intro names the paper (title, authors, venue) itself
+        lines = [f"# {paper}", "", f"iclab's closed forms for this paper: {theory}; [the paper]({PAPER_LINKS[paper]}).",
+                 "", intro.read_text(encoding="utf-8").strip(), ""]
+    else:
+        lines = [f"# {paper}", "", f"*[{PAPER_TITLES.get(paper, paper)}]({PAPER_LINKS[paper]})* (the paper's own "
+                 f"page). iclab's closed forms for it are {theory}.", ""]
+    lines += ["## Experiments", "",
+              "Generated at build time from the experiment registry (`iclab show EXP`) and, for the times and checks, "
+              "from the newest measurement records (`iclab measure`; see [Benchmarks](../benchmarks.md#the-records)).",
+              ""]
+    lines += measure.experiments_table(exps, measured, link=lambda exp_id: "#" + exp_id.replace(".", ""))
     for e in exps:
         lines += ["", f"## {e.id} {{#{e.id.replace('.', '')}}}", "", f"**{_cell(e.title)}**", "",
                   f"Reproduces: {_cell(e.reference)}.", "", f"`iclab run {e.id} --preset quick`", ""]
@@ -151,9 +173,140 @@ def paper_page(paper: str) -> str:
         if e.notes:
             lines += ["", "Notes (our choices, the paper's settings, errata):", ""]
             lines += [f"- {_cell(n)}" for n in e.notes]
-        if e.runtime:
-            lines += ["", "Runtime: " + "; ".join(f"{p}: {_cell(r)}" for p, r in e.runtime.items()) + "."]
+        lines += ["", "Measured:", ""]
+        lines += [f"- {preset}: {_cell(line)}" for preset, line in measure.runtime_lines(e, measured).items()]
     return "\n".join(lines) + "\n"
+
+
+def experiments_overview() -> str:
+    """The table of every experiment (the README's), each id linked to its paper page."""
+    from iclab import measure
+    from iclab.experiments import all_experiments
+
+    exps = all_experiments()
+    return "\n".join(measure.experiments_table(
+        exps.values(), measure.load(),
+        link=lambda exp_id: f"papers/{exps[exp_id].paper}.md#{exp_id.replace('.', '')}")) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmarks: the measured numbers and their bar charts
+
+
+_BENCH_COLOURS = {"linattn": "#1f77b4", "gating": "#2ca02c", "drift": "#d62728", "mhsa": "#9467bd", "sweep": "#7f7f7f"}
+
+
+def _times(x: float) -> str:
+    """A ratio for a label: 15,000×, 37.5×, 1.33×."""
+    return f"{x:,.0f}×" if x >= 1000 else f"{x:.3g}×"
+
+
+def _bar_chart(entries: list[tuple[str, dict]], *, title: str, xlabel: str) -> bytes:
+    """A horizontal bar chart (PNG bytes) of (benchmark, ratio entry) pairs on a log axis, one bar each with its
+    value beside it and, where the entry has one, the range of its rounds; a dashed line at 1."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [e["label"] for _, e in entries]
+    values = [e["value"] for _, e in entries]
+    highs = [e.get("high", e["value"]) for _, e in entries]
+    fig, ax = plt.subplots(figsize=(9.5, 0.42 * len(entries) + 1.4), dpi=110)
+    y = list(range(len(entries)))[::-1]
+    ax.barh(y, values, color=[_BENCH_COLOURS.get(b, "#444444") for b, _ in entries], height=0.62)
+    for yi, (_, e), high in zip(y, entries, highs):
+        if "low" in e:
+            ax.plot([e["low"], e["high"]], [yi, yi], color="black", lw=1.2)
+        ax.text(high * 1.1, yi, _times(e["value"]), va="center", fontsize=8)
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlim(min(0.8, min(values) * 0.8), max(highs) * 6)
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _fmt_num(x) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return _cell(x)
+    return f"{x:.4g}"
+
+
+def benchmarks_section(measured=None) -> tuple[str, dict[str, bytes]]:
+    """The measured part of the Benchmarks page (Markdown) and its figures ({file name: PNG bytes})."""
+    from iclab import measure
+    from iclab.bench import BENCHMARKS
+
+    measured = measured if measured is not None else measure.load()
+    names = [b for b in measure.BENCH_ORDER if b in measured.benches] + \
+        [b for b in measured.benches if b not in measure.BENCH_ORDER]
+    if not names:
+        return ("No benchmark has been measured yet: `iclab measure` (or `iclab measure --no-quick`) runs them and "
+                "writes the record this page is generated from.\n"), {}
+    speedups = [(b, e) for b in names for e in measured.ratios(b)["speedups"]]
+    floors = [(b, e) for b in names for e in measured.ratios(b)["floors"]]
+    figures = {}
+    lines = []
+    if speedups:
+        figures["speedups.png"] = _bar_chart(speedups, title="Each fast path against its reference, in one process",
+                                             xlabel="the reference's time / the fast path's time (log scale)")
+        lines += ["## Fast paths against their references", "",
+                  "Each bar is the reference's time over the fast path's, both measured in the same process after "
+                  "compilation (the tables below say how each was timed). Right of the dashed line the fast path is "
+                  "faster.", "",
+                  "![Speed-up of each fast path over its reference, one bar each](benchmarks/speedups.png)"
+                  "{ .tutorial-figure }", ""]
+    if floors:
+        figures["floors.png"] = _bar_chart(floors, title="Steps and kernels against their arithmetic floor",
+                                           xlabel="time / the floor's time at the measured matmul peak (log scale)")
+        lines += ["## Against the arithmetic floor", "",
+                  "Each bar is a step's (or a kernel's) time over the time its floor, the flops its model must do, "
+                  "takes at the float32 matrix product's speed measured beside it: 1, the dashed line, is a step at "
+                  "the floor. For a step timed in rounds the bar is the median round and the black line the range "
+                  "of the rounds.", "",
+                  "![Each paper step's and kernel's time over its arithmetic floor, one bar each](benchmarks/floors.png)"
+                  "{ .tutorial-figure }", ""]
+    lines += ["## The numbers", ""]
+    for b in names:
+        entry = measured.benches[b]
+        record = entry["record"]
+        lines += [f"### `iclab bench {b}`", "", f"*{_cell(BENCHMARKS[b][2]) if b in BENCHMARKS else ''}*", "",
+                  f"Measured by `iclab measure` in [`{record}`](measurements/{record}) ({_cell(measured.describe(record))}); "
+                  f"the benchmark took {measure.format_seconds(entry.get('wall_s'))} of wall time.", ""]
+        if "error" in entry:
+            lines += [f"It did not finish: {_cell(entry['error'])}.", ""]
+            continue
+        result = entry.get("result") or {}
+        if result.get("setting"):
+            lines += [f"Setting: {_cell(result['setting'])}.", ""]
+        ratios = measured.ratios(b)
+        if ratios.get("speedups"):
+            lines += ["| comparison | speed-up | fast path | reference | how it was timed |", "|---|---|---|---|---|"]
+            lines += [f"| {_cell(x['label'])} | {_times(x['value'])} | {_cell(x['fast'])} | {_cell(x['reference'])} | "
+                      f"{_cell(x['how'])} |" for x in ratios["speedups"]]
+            lines.append("")
+        if ratios.get("floors"):
+            lines += ["| step or kernel | time / floor | rounds | how it was timed |", "|---|---|---|---|"]
+            lines += [f"| {_cell(f['label'])} | {_times(f['value'])} | "
+                      + (f"{f['low']:.3g}-{f['high']:.3g}×" if "low" in f else "-") + f" | {_cell(f['how'])} |"
+                      for f in ratios["floors"]]
+            lines.append("")
+        flat = [(k, v) for k, v in result.items() if not isinstance(v, (dict, list)) and k != "setting"]
+        if flat:
+            lines += ["??? note \"Every top-level number of its JSON output\"", "", "    | key | value |",
+                      "    |---|---|"]
+            lines += [f"    | `{k}` | {_fmt_num(v)} |" for k, v in flat]
+            lines.append("")
+    return "\n".join(lines) + "\n", figures
 
 
 def cli_page() -> str:
@@ -337,7 +490,7 @@ def on_config(config):
             if isinstance(item, dict):
                 (title, value), = item.items()
                 if value == "papers/index.md":
-                    out.append({title: [f"papers/{p}.md" for p in PAPER_TITLES]})
+                    out.append({title: ["papers.md"] + [f"papers/{p}.md" for p in PAPER_TITLES]})
                 elif value == "api/index.md":
                     out.append({title: ["api/index.md"] + [{m: f"api/{m}.md"} for m in modules]})
                 elif isinstance(value, list):
@@ -362,7 +515,11 @@ def on_files(files, config):
         files.append(File.generated(config, uri, content=content))
 
     for paper in PAPER_TITLES:
-        add(f"papers/{paper}.md", paper_page(paper))
+        add(f"papers/{paper}.md", paper_page(paper, Path(config["docs_dir"])))
+    bench_markdown, bench_figures = benchmarks_section()
+    config["extra"]["iclab_benchmarks"] = bench_markdown
+    for name, png in bench_figures.items():
+        add(f"benchmarks/{name}", png)
     add("api/index.md", api_index(modules))
     for m in modules:
         add(f"api/{m}.md", api_page(m))
@@ -386,6 +543,18 @@ def on_files(files, config):
     for font in sorted((dist / "fonts").glob("*.woff2")):
         add(f"assets/katex/fonts/{font.name}", font.read_bytes())
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "benchmarks.md":
+        if BENCH_MARKER not in markdown:
+            raise PluginError(f"docs/benchmarks.md lacks the line {BENCH_MARKER}")
+        return markdown.replace(BENCH_MARKER, config["extra"]["iclab_benchmarks"])
+    if page.file.src_uri == "papers.md":
+        if TABLE_MARKER not in markdown:
+            raise PluginError(f"docs/papers.md lacks the line {TABLE_MARKER}")
+        return markdown.replace(TABLE_MARKER, experiments_overview())
+    return markdown
 
 
 def on_post_build(config):

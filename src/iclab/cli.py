@@ -35,21 +35,35 @@ out = Console(highlight=False, soft_wrap=True)
 
 @app.command("list")
 def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON"),
-             markdown: bool = typer.Option(False, "--markdown", help="print the README's experiment table")) -> None:
-    """List the registered experiments."""
+             markdown: bool = typer.Option(False, "--markdown", help="print the README's experiment table (generated "
+                                           "from the measurement records)"),
+             update: Optional[Path] = typer.Option(None, "--update", help="with --markdown: rewrite the table in this "
+                                                   "README (between its marker lines) instead of printing it"),
+             measurements: Optional[Path] = typer.Option(None, "--measurements", help="the measurement records' folder "
+                                                         "(default: docs/measurements of the repository)")) -> None:
+    """List the registered experiments (their runtimes from the newest measurement records: `iclab measure`)."""
+    from iclab import measure
     from iclab.experiments import all_experiments
 
     exps = all_experiments()
+    if update is not None and not markdown:
+        raise ConfigError("--update needs --markdown")
+    record = measure.load(measurements)
     if as_json:
         print(json.dumps([{"id": e.id, "paper": e.paper, "title": e.title, "reference": e.reference,
-                           "presets": list(e.presets), "runtime": e.runtime} for e in exps.values()], indent=2))
+                           "presets": list(e.presets), "runtime": measure.runtime_lines(e, record)}
+                          for e in exps.values()], indent=2))
         return
     if markdown:
-        print("| id | reproduces | quick | paper |\n|---|---|---|---|")
-        for e in sorted(exps.values(), key=lambda e: _natural_key(e.id)):
-            cells = [f"`{e.id}`", f"{e.title} ({e.reference})".replace("|", "\\|"),
-                     e.runtime.get("quick", "not measured"), e.runtime.get("paper", "not measured")]
-            print("| " + " | ".join(cells) + " |")
+        block = measure.experiments_markdown(exps.values(), record)
+        if update is None:
+            print(block, end="")
+            return
+        try:
+            changed = measure.update_readme(update, block)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--update: {err}") from None
+        out.print(f"{update}: experiments table {'rewritten' if changed else 'already up to date'}")
         return
     table = Table("id", "paper", "title", "reproduces")
     for e in exps.values():
@@ -59,15 +73,20 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON"),
 
 @app.command("show")
 def show_cmd(experiment: str = typer.Argument(..., help="experiment id, e.g. linattn.fig1"),
-             as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Show an experiment: every config field with its meaning, presets, bounds and the paper's value."""
+             as_json: bool = typer.Option(False, "--json", help="print JSON"),
+             measurements: Optional[Path] = typer.Option(None, "--measurements", help="the measurement records' folder "
+                                                         "(default: docs/measurements of the repository)")) -> None:
+    """Show an experiment: every config field with its meaning, presets, bounds and the paper's value, and its
+    measured runtimes."""
+    from iclab import measure
     from iclab.experiments._config import field_rows
 
     exp = experiment_or_error(experiment)
     rows = field_rows(exp.config, exp.presets)
+    runtime = measure.runtime_lines(exp, measure.load(measurements))
     if as_json:
         print(json.dumps({"id": exp.id, "title": exp.title, "reference": exp.reference, "notes": exp.notes,
-                          "runtime": exp.runtime, "fields": rows}, indent=2, default=str))
+                          "runtime": runtime, "fields": rows}, indent=2, default=str))
         return
     out.print(f"[bold]{exp.id}[/bold]: {exp.title}")
     out.print(f"reproduces: {exp.reference}\n")
@@ -82,8 +101,8 @@ def show_cmd(experiment: str = typer.Argument(..., help="experiment id, e.g. lin
     out.print()
     for note in exp.notes:
         out.print(f"• {note}")
-    for preset, runtime in exp.runtime.items():
-        out.print(f"runtime ({preset}): {runtime}")
+    for preset, line in runtime.items():
+        out.print(f"runtime ({preset}): {line}", markup=False)
 
 
 @app.command("run")
@@ -361,6 +380,64 @@ def bench_cmd(
     for key, value in result.items():
         table.add_row(key, _fmt(value) if not isinstance(value, dict) else json.dumps(value, default=float))
     out.print(table)
+
+
+@app.command("measure")
+def measure_cmd(
+    quick: bool = typer.Option(True, "--quick/--no-quick", help="measure every experiment's quick preset (or those "
+                               "of --only)"),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="only these experiments' quick presets (comma list "
+                                             "or repeated): linattn.fig1,gating.fig1"),
+    paper: Optional[List[str]] = typer.Option(None, "--paper", help="also these experiments' paper presets (comma list "
+                                              "or repeated; each may take up to hours)"),
+    bench: Optional[List[str]] = typer.Option(None, "--bench", help="only these benchmarks (comma list or repeated; "
+                                              "default: every one)"),
+    no_bench: bool = typer.Option(False, "--no-bench", help="run no benchmark"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="the records' folder (default: docs/measurements of "
+                                           "the repository)"),
+    results: Optional[str] = typer.Option(None, "--results", help="results root the runs write into (default: a "
+                                          "temporary folder, removed afterwards)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds allowed to each run and benchmark "
+                                            "(default: no limit)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would be measured, measure nothing"),
+) -> None:
+    """Measure the quick presets (and chosen paper presets) and every benchmark, each in a fresh process, and write
+    the record the README's table, `iclab show` and the docs' Benchmarks page are generated from.
+
+    The record (docs/measurements/<date>-<cpu>-<cores>c.json) holds the machine, the software versions, and for
+    each preset its wall and CPU seconds and checks passed, for each benchmark its JSON output and ratios. Then
+    `iclab list --markdown --update README.md` rewrites the README's table from the records."""
+    from iclab import measure
+    from iclab.bench import BENCHMARKS
+    from iclab.experiments import all_experiments
+
+    if no_bench and bench:
+        raise ConfigError("--bench and --no-bench exclude each other")
+    directory = out_dir if out_dir is not None else measure.default_directory()
+    if directory is None:
+        raise ConfigError("no repository here to hold the record (an installed iclab): give --out DIR")
+    quick_ids = (measure._split(only) if only else None) if quick else []
+    if only and not quick:
+        raise ConfigError("--only and --no-quick exclude each other")
+    benches = [] if no_bench else (measure._split(bench) if bench else None)
+    if dry_run:
+        ids = sorted(all_experiments(), key=_natural_key) if quick_ids is None else quick_ids
+        for exp_id in ids:
+            out.print(f"iclab run {exp_id} --preset quick --json --force")
+        for exp_id in measure._split(paper):
+            out.print(f"iclab run {exp_id} --preset paper --json --force")
+        for name in (list(BENCHMARKS) if benches is None else benches):
+            out.print(f"iclab bench {name} --json")
+        out.print(f"record: {directory}/")
+        return
+    args = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("iclab", "cli.py")) else "measure"
+    try:
+        path = measure.measure(directory, quick=quick_ids, paper=paper or [], benches=benches, results=results,
+                               timeout=timeout, command=f"iclab {args}".strip())
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    out.print(f"record: {path}")
+    out.print("regenerate the README's table: iclab list --markdown --update README.md")
 
 
 @app.command("verify")

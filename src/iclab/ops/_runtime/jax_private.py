@@ -15,8 +15,9 @@ import importlib
 
 __all__ = ["SUPPORTED_JAX", "convert_keeping_weak_type", "jax_backend_started", "private"]
 
-#: The jax and jaxlib versions iclab's CI installs and tests (lowest and newest), as in pyproject.toml.
-SUPPORTED_JAX = ("0.9.0", "0.10.2")
+#: The jax and jaxlib versions iclab is tested with (lowest and newest): the bounds of pyproject.toml, both ends
+#: installed and run by tests/test_dependency_bounds.py.
+SUPPORTED_JAX = ("0.10.0", "0.10.2")
 
 
 class PrivateJaxMissing(ImportError):
