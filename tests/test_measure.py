@@ -160,8 +160,22 @@ def test_readme_is_short_and_undated():
     assert "make demo" in text and "make test" in text
 
 
+def test_the_sources_carry_no_dates_run_histories_or_tracker_references():
+    # notes say what and why; when something was measured is in git log and the measurement records
+    dated = re.compile(r"(Nov|Dec)(ember)? 20[0-9][0-9]|this VM|slow hour")
+    tracker = re.compile(r"issue [0-9]+|spec §")
+    sources = sorted((ROOT / "src" / "iclab").rglob("*.py"))
+    assert len(sources) > 50  # the scan reads the package
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        assert not dated.search(text), f"{path.relative_to(ROOT)}: {dated.search(text)[0]!r}"
+        assert not tracker.search(text), f"{path.relative_to(ROOT)}: {tracker.search(text)[0]!r}"
+
+
 def test_readme_and_docs_do_not_cite_the_developers_folder():
-    for path in [README, *sorted(p for p in (ROOT / "docs").rglob("*") if p.suffix in (".md", ".py", ".js", ".yml"))]:
+    docs = sorted(p for p in (ROOT / "docs").rglob("*") if p.suffix in (".md", ".py", ".js", ".yml"))
+    code = sorted(p for folder in ("src", "tests") for p in (ROOT / folder).rglob("*.py") if p.name != "test_measure.py")
+    for path in [README, *docs, *code]:
         assert "shared/" not in path.read_text(encoding="utf-8"), path
 
 

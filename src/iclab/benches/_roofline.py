@@ -4,7 +4,7 @@ A training step's distance to its arithmetic floor is a ratio of two measurement
 process: the flops the step must do (counted from the shapes, in each bench's docstring) over its
 measured time gives the achieved GFLOP/s, and a large float32 matrix product timed in the same run
 gives the machine's practical peak (the benches measure it before and after their timings and use the
-larger: this VM's speed drifts by up to 2x within hours, and a reading taken in a slow minute would flatter
+larger: a shared or virtual machine's speed can drift within hours, and a reading taken in a slow minute would flatter
 the fractions). A paper preset's whole step is timed in rounds, each beside its own peaks
 (:func:`step_beside_peaks`). XLA's own count of the compiled step (``cost_analysis``) is
 reported beside the floor: it includes the data sampling and whatever the chosen form computes
@@ -62,8 +62,8 @@ def compiled_flops(fn, *args) -> float | None:
 def step_beside_peaks(run, *, steps: int, floor_flops: float, rounds: int = 5, peak=None, clock=time.perf_counter) -> dict:
     """A training step's time against the matmul peak measured beside it, in ``rounds`` rounds.
 
-    This VM's speed drifts within minutes (matmul peaks of 81-184 GFLOP/s within an hour, 29 Nov 2026): one step
-    loop against peaks taken a minute away read its distance to the floor up to ≈ 30 % high or low. So the peak
+    A shared or virtual machine's speed can drift within minutes: one step loop against peaks taken a minute away
+    can read its distance to the floor well high or low. So the peak
     P is measured before the first round and after every round (P_0, run, P_1, run, …, P_rounds); round r's step
     s_r (its loop's seconds / ``steps``) is paired with the faster peak beside it, P̂_r = max(P_{r−1}, P_r) (a slow
     reading would flatter it), and its fraction of the peak is f_r = floor / s_r / P̂_r. The step reported is

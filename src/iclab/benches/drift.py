@@ -188,7 +188,7 @@ def _setting(which: str, batch: int | None, steps: int, forms, rounds: int = 5) 
     start = time.perf_counter()
     jax.block_until_ready(run(params, key, steps))
     out["compile_and_first_call_s"] = time.perf_counter() - start
-    # in rounds, each beside its own peaks: the VM's speed drifts within minutes
+    # in rounds, each beside its own peaks: a machine's speed can drift within minutes
     out.update(step_beside_peaks(lambda: jax.block_until_ready(run(params, jax.random.PRNGKey(1), steps)),
                                  steps=steps, floor_flops=floor, rounds=rounds))
     out["paper_steps"] = config.steps
@@ -220,7 +220,7 @@ def bench_drift(steps: int = 3, batch: int | None = None, fig2_forms: tuple[str,
     out = {"fig1": _setting("fig1", batch, steps, tuple(fig1_kernels), rounds),
            "fig2": _setting("fig2", batch, steps, tuple(fig2_forms), rounds)}
     peaks.append(matmul_peak_gflops())
-    peak = max(peaks)  # the faster of the two: this VM's speed drifts, and a slow reading would flatter the fractions
+    peak = max(peaks)  # the faster of the two: a machine's speed can drift, and a slow reading would flatter the fractions
     kernels = forget_kernel_timings(out["fig2"]["batch"], out["fig2"]["T"], out["fig2"]["D"])
     for name in [k.removesuffix("_gflops") for k in kernels if k.endswith("_gflops")]:
         kernels[f"{name}_fraction_of_matmul_peak"] = kernels[f"{name}_gflops"] / peak

@@ -129,7 +129,7 @@ def bench_gating(n_bar: int = 50, d: int = 10, p: int = 5, batch: int = 256, see
     peaks = [matmul_peak_gflops()]
     papers = {"fig1_paper": bench_fig1_paper(**(fig1_paper or {})), "fig2_paper": bench_fig2_paper(**(fig2_paper or {}))}
     peaks.append(matmul_peak_gflops())
-    peak = max(peaks)  # the faster of the two: this VM's speed drifts, and a slow reading would flatter the fractions
+    peak = max(peaks)  # the faster of the two: a machine's speed can drift, and a slow reading would flatter the fractions
     for S in (1, seeds):
         entry = out[f"fast_{S}_seed{'s' if S > 1 else ''}"]
         entry["floor_flops_per_step"] = S * batch * floor_per_prompt
@@ -281,7 +281,7 @@ def _paper_step(exp_id: str, models, floor_fn, steps: int, over: dict, kernels: 
         jax.block_until_ready(run(params, step_keys, aux, steps))
     out["compile_and_first_call_s"] = time.perf_counter() - start
     out["step_kernel"] = step_kernel
-    # in rounds, each beside its own peaks: the VM's speed drifts within minutes
+    # in rounds, each beside its own peaks: a machine's speed can drift within minutes
     out.update(step_beside_peaks(lambda: jax.block_until_ready(run(params, keys, aux, steps)), steps=steps,
                                  floor_flops=floor, rounds=rounds))
     out["paper_steps"] = preset.steps

@@ -7,7 +7,7 @@ Two models, each one SGD step on a fresh batch per step, from the theory's init:
 - ``spectral``: the decomposable model's (ω̄, μ) on the ½ exact-expectation loss
   (:func:`iclab.models.mhsa.spectral_expected_loss`: G and ε integrated out, fresh X and q per step),
   parametrised directly by (ω̄, μ) (H·I numbers each): a speed comparison only, as GD on (ω̄, μ) is
-  not on the full model's time axis (that needs the balanced singular values, spec §5.1).
+  not on the full model's time axis (that needs the balanced singular values of the paper's Sec 5.1).
 
 Each is timed for 1 seed and for ``seeds`` seeds vmapped. A step is ``jax.grad`` of the loss on the
 batch drawn from fold_in(key, step), then ``params − lr·grad``: the arithmetic of the sampled
