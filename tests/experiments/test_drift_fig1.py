@@ -277,3 +277,18 @@ def test_native_multilayer_loss_trains_as_the_xla_parallel_form():
         for k in p_x[name]:
             np.testing.assert_allclose(p_n[name][k], p_x[name][k], rtol=1e-9, atol=1e-12, err_msg=f"{name} {k}")
     assert not np.allclose(p_x["L2"]["theta"][:, :, 1], 0.0)  # the learnt λ moved: not vacuous
+
+
+def test_the_batches_follow_the_sampler_asked_for_in_every_layout(monkeypatch):
+    """train_groups(sampler="native") draws with the compiled sampler whether or not the models read the shared
+    layout (here XLA's models: the tokens layout), and sampler="xla" with XLA's prompts."""
+    config = fig1.Fig1Config(**{**TINY, "steps": 1, "record_every": 1, "seeds": 1})
+    calls = []
+    real = _common.sample_training_batch
+    monkeypatch.setattr(_common, "sample_training_batch", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    group = {"g": _common.Group(np.array([[0.8]]))}
+    _common.train_groups(config, np.array([0.9]), group, kernel="xla", sampler="native")
+    assert calls
+    calls.clear()
+    _common.train_groups(config, np.array([0.9]), group, kernel="xla", sampler="xla")
+    assert not calls

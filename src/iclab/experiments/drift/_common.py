@@ -320,7 +320,7 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
     # one-layer models on native kernels read the tokens in the shared layout (inputs once, not once per γ)
     shared = sampler == "native" and kernel == "native" and all(grp.layers is None for grp in groups.values())
 
-    def sampler(key, aux):
+    def draw(key, aux):  # (not named `sampler`: that is the backend of the batches, read below)
         if shared:
             X, Y, y = sample_shared_batch(key, config.batch, gamma=gammas, **config.process(), Lam=Lam, dtype=dt,
                                           normals=normals)
@@ -338,7 +338,7 @@ def train_groups(config: TrainConfig, gammas, groups: Mapping[str, Group], *, ev
                "y": jnp.broadcast_to(jnp.asarray(eval_set[1], dt), (S,) + eval_set[1].shape)}
         metrics["eval"] = lambda p, a: {name: m.loss(p[name], (a["Z"], a["y"]), m.settings)
                                         for name, m in members.items()}
-    tr = train_members(members, sampler, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
+    tr = train_members(members, draw, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
                        n_steps=config.steps, optimizer=config.transformation(), clip_norm=config.clip_norm or None,
                        record_every=config.record_every, aux=aux, metrics=metrics, record_member_loss=False,
                        record_params=record_params, reporter=reporter, label=label)
