@@ -294,6 +294,7 @@ def test_bench_ratios_read_each_benchmarks_output():
     assert measure.bench_ratios("gating", {}) == {"speedups": [], "floors": []}  # missing numbers are left out
 
 
+@pytest.mark.slow  # needs the docs extra, which `make docs` installs before CI's slow set (not before `make test`)
 def test_benchmarks_page_and_figures_from_a_record(tmp_path):
     pytest.importorskip("mkdocs")
     import importlib.util
