@@ -13,6 +13,8 @@ task modules' prompts (linreg, drift, gating's multitask, mhsa's multitask_regre
   :func:`gaussian_bayes_risk`, :func:`mhsa_posterior_mean`, :func:`mhsa_bayes_risk`.
 - Correlated tasks with delimiters (``_multitask``; gating): :func:`multitask_posterior_mean`,
   :func:`multitask_bayes_risk`, :func:`independent_tasks_bayes_risk` (closed form).
+- A finite task pool (``_pool``; task diversity, :mod:`iclab.tasks.pool`): :func:`pool_posterior` and
+  :func:`pool_posterior_mean` (dMMSE); on fresh tasks the Bayes predictor is :func:`gaussian_posterior_mean`.
 - AR(1) task drift (``_kalman``; drift): :func:`kalman_filter`, :func:`kalman_posterior_mean`,
   :func:`kalman_bayes_risk`.
 - Online adaptive filters (``_online``; drift's Sec 5 baselines on the prompt): :func:`lms`, :func:`rls`, and
@@ -50,6 +52,7 @@ from iclab.baselines._matching import (
 )
 from iclab.baselines._multitask import independent_tasks_bayes_risk, multitask_bayes_risk, multitask_posterior_mean
 from iclab.baselines._online import lms, lms_risk, rls
+from iclab.baselines._pool import pool_posterior, pool_posterior_mean
 from iclab.ops import filter_tail_errors
 from iclab.baselines._stats import Estimate, mean_and_se
 
@@ -58,7 +61,8 @@ __all__ = [
     "algorithm_match", "exponential_weights", "filter_tail_errors", "gaussian_bayes_risk", "gaussian_posterior_mean", "gd",
     "independent_tasks_bayes_risk", "kalman_bayes_risk", "kalman_filter", "kalman_posterior_mean", "least_squares",
     "lms", "lms_risk", "mc_risk", "mean_and_se", "mhsa_bayes_risk", "mhsa_posterior_mean", "multitask_bayes_risk",
-    "multitask_posterior_mean", "on_prompts", "prediction_gap", "preconditioned_gd", "query_lens",
+    "multitask_posterior_mean", "on_prompts", "pool_posterior", "pool_posterior_mean", "prediction_gap",
+    "preconditioned_gd", "query_lens",
     "query_sensitivity", "ridge", "rls", "sensitivity_cosine", "split_drift_tokens", "split_linreg_tokens", "split_prompts",
     "targets", "wpgd",
 ]

@@ -4,6 +4,7 @@
 - :mod:`iclab.tasks.multitask`: K correlated tasks per prompt, blocks separated by delimiters (gating).
 - :mod:`iclab.tasks.drift`: a task vector drifting along the prompt as an AR(1) process (drift).
 - :mod:`iclab.tasks.multitask_regression`: I tasks on orthogonal input blocks, one output each (mhsa).
+- :mod:`iclab.tasks.pool`: linear regression whose tasks come from a finite pool of M (task diversity).
 
 Submodules load on first access (``iclab.tasks.drift``); :func:`standard_normal` and :func:`rbg_key`
 are the fast Gaussian draws every sampler uses inside jitted loops.
@@ -13,8 +14,8 @@ import importlib
 
 from iclab.tasks._random import rbg_key, standard_normal
 
-_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression")
-__all__ = ["drift", "linreg", "multitask", "multitask_regression", "rbg_key", "standard_normal"]
+_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool")
+__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal"]
 
 
 def __getattr__(name):
