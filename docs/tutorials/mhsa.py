@@ -13,7 +13,7 @@
 #
 # Chen, Sheen, Wang and Yang study H-head softmax attention trained on I regression tasks that live on
 # disjoint covariate blocks. From a decomposable initialisation training reduces to one pair (ω̄_i^(h), μ_i^(h))
-# per head and task, whose reduced ODE (spec §5.2) predicts a warm-up, then the *emergence* of one head
+# per head and task, whose reduced ODE (the paper's eq 3.6) predicts a warm-up, then the *emergence* of one head
 # per task, then convergence. The paper's Fig 1 runs homogeneous tasks (every λ_i = 1), so every head
 # emerges at once.
 #
@@ -135,7 +135,7 @@ plt.show()
 #
 # The heads emerge in the reduced ODE's order (strongest task first, a different head each), and each
 # emergence time agrees with the ODE's to 10 %. The reduced ODE replaces the softmax averages by their
-# large-L, small-ω̄ forms (spec §5.2, App. D.3) and the training uses 512-prompt minibatches: both shift the
+# large-L, small-ω̄ forms (App. D.3) and the training uses 512-prompt minibatches: both shift the
 # emergence times by a few per cent here; a wrong λ_i, φ_i or time factor in the ODE moves them by far more.
 
 # %%
