@@ -22,7 +22,7 @@ This module imports nothing: every layer may raise these.
 from __future__ import annotations
 
 __all__ = ["ConfigError", "ExperimentError", "IndexDamaged", "RunDamaged", "RunFailed", "StoreError", "UserError",
-           "one_line"]
+           "describe_validation_error", "one_line", "shorten"]
 
 
 class UserError(Exception):
@@ -74,3 +74,49 @@ def one_line(text: str) -> str:
         text: anything; its ``str`` is taken.
     """
     return " ".join(str(text).split())
+
+
+def shorten(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (long values are not echoed whole in one-line errors).
+
+    Args:
+        value: anything; limit: the most characters kept.
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_validation_error(err, config_cls) -> str:
+    """One line naming each bad field, what is allowed, and what was given.
+
+    Args:
+        err: a pydantic ``ValidationError``; config_cls: the pydantic model validated (for the fields' bounds).
+    """
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "config"
+        ctx = e.get("ctx") or {}
+        given = e.get("input")
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            allowed = ", ".join(config_cls.model_fields)
+            parts.append(f"unknown field {field!r}; allowed fields: {allowed}")
+            continue
+        bound = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
+                 "less_than_equal": ("≤", "le"), "less_than": ("<", "lt")}.get(kind)
+        if bound:
+            msg = f"{field} must be {bound[0]} {ctx[bound[1]]}"
+            info = config_cls.model_fields.get(e["loc"][0]) if e["loc"] else None
+            if info is not None:
+                limits = [f"{sym} {getattr(m, a)}" for m in info.metadata
+                          for a, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
+                          if getattr(m, a, None) is not None]
+                if len(limits) > 1:
+                    msg = f"{field} must be {' and '.join(limits)}"
+            parts.append(f"{msg} (got {shorten(given)})")
+        elif kind == "value_error":
+            message = str(ctx.get("error", e["msg"]))
+            parts.append(f"{field}: {message} (got {shorten(given)})" if e["loc"] else message)
+        else:
+            parts.append(f"{field}: {e['msg'].lower()} (got {shorten(given)})")
+    return "; ".join(parts)

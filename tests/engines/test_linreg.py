@@ -11,6 +11,7 @@ import pytest
 
 from iclab.engines import linreg, moments, seed_keys
 from iclab.engines.linreg import LinregTraining
+from iclab.errors import ConfigError
 from iclab.models import linattn as models
 from iclab.tasks.linreg import context_moment, covariance, sample_prompts, sample_query_moments
 from iclab.theory import linattn as theory
@@ -207,18 +208,18 @@ def test_gradient_flow_refuses_what_it_has_no_use_for():
         linreg.train(flow, keys=keys, Lams=Lams, N=4, lr=optax.cosine_decay_schedule(0.1, 10))
     with pytest.raises(ValueError, match="ts"):
         linreg.train(flow.model_copy(update={"integrator": "gd"}), keys=keys, Lams=Lams, N=4, ts=np.array([0.0, 1.0]))
-    with pytest.raises(ValueError, match="integrator 'gf'"):
+    with pytest.raises(ConfigError, match="integrator 'gf'"):  # a bad specification: one line (iclab.ConfigError)
         _spec("attn_m", engine="sampled", integrator="gf")
 
 
 def test_native_backend_refuses_what_it_cannot_run():
     common = dict(H=2, R=1, w_init=0.5, lr=0.1, steps=5, record_every=5, P=50)
     for kw in (dict(engine="sampled"), dict(engine="population"), dict(engine="moments", form="full")):
-        with pytest.raises(ValueError, match="native"):
+        with pytest.raises(ConfigError, match="native"):
             LinregTraining(model="attn_s", backend="native", **common, **kw)
-    with pytest.raises(ValueError, match="native"):
+    with pytest.raises(ConfigError, match="native"):
         LinregTraining(model="softmax_attn_s", engine="sampled", backend="native", **common)
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ConfigError, match="backend"):
         LinregTraining(model="attn_s", engine="moments", backend="gpu", **common)
     spec = LinregTraining(model="attn_s", engine="moments", backend="native", **common)
     keys = _keys(1)

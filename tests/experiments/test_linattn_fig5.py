@@ -7,6 +7,7 @@ from iclab.engines import linreg
 from iclab.experiments.linattn import fig5
 from iclab.models import linattn as models
 from iclab.tasks.linreg import covariance, sample_prompts
+from iclab.errors import ConfigError
 
 
 def _staircase(levels, times, width, t):
@@ -67,7 +68,7 @@ def test_train_runs_softmax_models_with_the_sampled_engine_only():
         tr = linreg.train(spec, keys=keys, Lams=Lams, N=7)
         assert tr.loss.shape == (1, 3) and "population" not in tr.metrics
         assert np.all(np.isfinite(tr.loss)) and tr.loss[0, -1] < tr.loss[0, 0]
-    with pytest.raises(ValueError, match="sampled"):
+    with pytest.raises(ConfigError, match="sampled"):
         linreg.LinregTraining(model="softmax_attn_m", engine="population", **kw)
 
 

@@ -36,10 +36,11 @@ import optax
 
 from iclab.engines._descent import Schedule, descend
 from iclab.engines._loop import Trajectory
+from iclab.models import ModelFamily, get_model
 from iclab.progress import Reporter, task
 
-__all__ = ["Members", "clip_by_member_norm", "each_member", "group_losses", "init_members", "member_keys",
-           "seed_keys", "train_members"]
+__all__ = ["Members", "clip_by_member_norm", "each_member", "family_members", "group_losses", "init_members",
+           "member_keys", "seed_keys", "train_members"]
 
 
 class Members(NamedTuple):
@@ -105,6 +106,50 @@ def each_member(loss_one: Callable[[Any, Any, Any], jax.Array], ndim: int = 1) -
     for _ in range(ndim):
         fn = jax.vmap(fn, in_axes=(0, None, 0))
     return fn
+
+
+def family_members(family: ModelFamily | str, ids, *, sizes: Mapping[str, Any], settings: Mapping[str, Any] | None = None,
+                   target: Callable[[Any], jax.Array] | None = None) -> Members:
+    """A group of members of one registered model family, trained on the squared error of its prediction.
+
+    Each member is ``family.init(key, **sizes)``; its loss on the shared batch (prompts of the family's task) is
+    the mean squared query error (1/P) Σ_p (ŷ_p − y_p)², ŷ = ``family.predict(params, batch, **options)``, where
+    the options are the member's own entries of ``settings`` (e.g. a softmax temperature ``rho`` per member; the
+    family must name them in its ``options``). The members of a group share ``sizes`` (one parameter structure);
+    a grid over sizes is one group per size.
+
+    Args:
+        family: a registered :class:`iclab.models.ModelFamily`, or its name.
+        ids: (*shape,) member ids (distinct across the groups of a grid; they fix the init keys).
+        sizes: the keywords of ``family.init`` besides the key (a linreg family: D, H, R, w_init; others as they
+            document).
+        settings: {option: (*shape,) values} of ``family.predict``'s options, one per member (None: none).
+        target: ``batch -> (P,)`` targets (default: ``batch.y_q``).
+    Returns:
+        :class:`Members` for :func:`train_members`.
+    """
+    family = get_model(family) if isinstance(family, str) else family
+    ids = np.asarray(ids)
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(family.options))
+    if unknown:
+        raise ValueError(f"settings {unknown} are not options of model family {family.name!r} "
+                         f"(its options: {', '.join(family.options) or 'none'})")
+    for name, value in settings.items():
+        if np.shape(value)[:ids.ndim] != ids.shape:
+            raise ValueError(f"settings[{name!r}] must have the members' shape {ids.shape} in front "
+                             f"(got {np.shape(value)})")
+    sizes = dict(sizes)
+    targets = target or (lambda batch: batch.y_q)
+
+    def init(key, setting):
+        return family.init(key, **sizes)
+
+    def loss_one(params, batch, setting):
+        return jnp.mean((family.predict(params, batch, **(setting or {})) - targets(batch)) ** 2)
+
+    group_settings = {k: jnp.asarray(v) for k, v in settings.items()} or None
+    return Members(init, each_member(loss_one, ids.ndim), ids, group_settings)
 
 
 def seed_keys(seed: int, seeds: int) -> jax.Array:

@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from iclab.engines import moments, moments_native, population, sampled
 from iclab.engines._descent import Schedule
 from iclab.engines._loop import Trajectory
+from iclab.errors import ConfigError, describe_validation_error
 from iclab.models import get_model
 from iclab.models.linattn import cubic_feature, cubic_feature_from_moments
 from iclab.progress import Reporter, task
@@ -62,11 +63,17 @@ ExpectedLoss = Callable[[jax.Array, jax.Array], jax.Array]
 class LinregTraining(BaseModel):
     """What :func:`train` trains and how: model family, engine, sizes, init and GD settings.
 
-    Every combination is checked here, so a bad one is a one-line validation error naming the field
-    before anything runs.
+    Every combination is checked here, so a bad one is one line naming the field and what is allowed
+    (:class:`iclab.ConfigError`) before anything runs.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, **fields):
+        try:
+            super().__init__(**fields)
+        except ValidationError as err:
+            raise ConfigError(f"training specification: {describe_validation_error(err, type(self))}") from None
 
     model: str = Field(description="a registered model family of task 'linreg' (iclab.models.model_families('linreg'))")
     engine: Engine = Field(description="population (exact expected loss), moments (exact full-batch GD from "

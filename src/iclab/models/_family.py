@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ModelFamily", "get_model", "model_families", "register_model", "unregister_model"]
+__all__ = ["ModelFamily", "check_reduced_forms", "get_model", "model_families", "register_model", "unregister_model"]
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,67 @@ class ModelFamily:
 _MODELS: dict[str, ModelFamily] = {}
 
 
-def register_model(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
+def check_reduced_forms(family: ModelFamily, *, D: int = 3, N: int = 4, P: int = 6, seed: int = 0,
+                        rtol: float = 1e-9) -> None:
+    """Checks a linreg family's reduced forms against its own prediction on random params and prompts.
+
+    The population engine trusts ŷ_q = βᵀ A(θ) x_q (β = (1/N) Σ_n y_n x_n) and the moments engine
+    ŷ_q = ⟨T(θ), φ(prompt)⟩: a form that disagrees with ``predict`` (a transposed A, a tensor stacked row by row
+    where the feature stacks columns) would train another model without a word. Params come from
+    ``family.init(key, D=D, H=2, R=1, w_init=0.7)``, prompts from :func:`iclab.tasks.linreg.sample_prompts` with
+    a random covariance; float64.
+
+    Args:
+        family: the family (only a ``linreg`` family with an effective matrix or a tensor is checked).
+        D, N, P: the check's sizes; seed: its keys.
+        rtol: tolerance relative to the largest |ŷ| (the forms are exact: rounding only).
+    Raises:
+        ValueError: one line naming the family and the form that disagrees, and by how much.
+    """
+    if family.task != "linreg" or (family.effective_matrix is None and family.tensor is None):
+        return
+    import jax
+    import jax.numpy as jnp
+
+    from iclab.tasks.linreg import context_moment, covariance, sample_prompts
+
+    k_params, k_cov, k_prompts = jax.random.split(jax.random.PRNGKey(seed), 3)
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
+                                    family.init(k_params, D=D, H=2, R=1, w_init=0.7))
+    prompts = sample_prompts(k_prompts, covariance(jnp.linspace(1.0, 0.3, D), k_cov), N, P)
+    y = jnp.asarray(family.predict(params, prompts))
+    scale = float(jnp.max(jnp.abs(y))) or 1.0
+    forms = []
+    if family.effective_matrix is not None:
+        forms.append(("effective_matrix", jnp.einsum("pi,ij,pj->p", context_moment(prompts),
+                                                     family.effective_matrix(params), prompts.x_q)))
+    if family.tensor is not None:
+        forms.append(("tensor", family.feature(prompts) @ family.tensor(params)))
+    for name, via in forms:
+        gap = float(jnp.max(jnp.abs(jnp.asarray(via) - y)))
+        if not gap <= rtol * scale:
+            raise ValueError(f"model family {family.name!r}: its {name} does not reproduce its predict on random "
+                             f"params and prompts (largest gap {gap:.3g} against |ŷ| up to {scale:.3g}); "
+                             + ("is A transposed?" if name == "effective_matrix" else
+                                "is the tensor stacked in the feature's order (column-stacking vec)?"))
+
+
+def register_model(family: ModelFamily, *, replace: bool = False, check: bool = True) -> ModelFamily:
     """Adds a family to the registry; a second family of the same name needs ``replace=True``.
 
     Args:
         family: the family.
         replace: allow replacing a registered family of that name (e.g. when a notebook cell reruns).
+        check: check a linreg family's reduced forms against its prediction first (:func:`check_reduced_forms`).
     Returns:
         The family, so that a module can write ``FAMILY = register_model(ModelFamily(...))``.
+    Raises:
+        ValueError: a name taken, or a reduced form that disagrees with the prediction.
     """
     if family.name in _MODELS and not replace and _MODELS[family.name] is not family:
         raise ValueError(f"model family {family.name!r} is registered already (replace=True to replace it)")
+    if check:
+        check_reduced_forms(family)
     _MODELS[family.name] = family
     return family
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import ValidationError, model_validator
+from pydantic import model_validator
 
 from iclab.engines import seed_keys
 from iclab.engines.linreg import LinregTraining
+from iclab.errors import ConfigError
 from iclab.experiments._config import ExperimentConfig, param, validate_eigenvalues
 from iclab.experiments._memory import FLOAT64, Term
 from iclab.tasks.linreg import Spectrum, covariance, spectrum_eigenvalues
@@ -129,10 +130,5 @@ def training_spec(**fields) -> LinregTraining:
     """
     try:
         return LinregTraining(**fields)
-    except ValidationError as err:
-        parts = []
-        for e in err.errors():
-            message = str((e.get("ctx") or {}).get("error", e["msg"]))
-            where = ".".join(str(x) for x in e["loc"])
-            parts.append(f"{where}: {message} (got {e.get('input')!r})" if where else message)
-        raise ValueError("training specification: " + "; ".join(parts)) from None
+    except ConfigError as err:  # one line already ("training specification: …"); a ValueError for the validator
+        raise ValueError(str(err)) from None
