@@ -16,7 +16,8 @@ task modules' prompts (linreg, drift, gating's multitask, mhsa's multitask_regre
 - A finite task pool (``_pool``; task diversity, :mod:`iclab.tasks.pool`): :func:`pool_posterior` and
   :func:`pool_posterior_mean` (dMMSE); on fresh tasks the Bayes predictor is :func:`gaussian_posterior_mean`.
 - AR(1) task drift (``_kalman``; drift): :func:`kalman_filter`, :func:`kalman_posterior_mean`,
-  :func:`kalman_bayes_risk`.
+  :func:`kalman_bayes_risk`; any linear-Gaussian state-space drift (:mod:`iclab.tasks.state_space`: rotation,
+  trend, ...): :func:`state_space_filter`, :func:`state_space_posterior_mean`, :func:`state_space_bayes_risk`.
 - Online adaptive filters (``_online``; drift's Sec 5 baselines on the prompt): :func:`lms`, :func:`rls`, and
   LMS's exact risk under AR(1) drift :func:`lms_risk`; :func:`filter_tail_errors` runs both along many
   streams at once (a compiled CPU kernel, numpy in and out: drift.baselines' Monte Carlo).
@@ -28,7 +29,15 @@ is a Rao–Blackwellised Monte Carlo estimate except where a docstring gives a c
 """
 
 from iclab.baselines._gaussian import gaussian_bayes_risk, gaussian_posterior_mean, mhsa_bayes_risk, mhsa_posterior_mean
-from iclab.baselines._kalman import KalmanFilter, kalman_bayes_risk, kalman_filter, kalman_posterior_mean
+from iclab.baselines._kalman import (
+    KalmanFilter,
+    kalman_bayes_risk,
+    kalman_filter,
+    kalman_posterior_mean,
+    state_space_bayes_risk,
+    state_space_filter,
+    state_space_posterior_mean,
+)
 from iclab.baselines._layouts import (
     DRIFT_TOKENS_QUERY,
     LINREG_TOKENS_QUERY,
@@ -64,5 +73,5 @@ __all__ = [
     "multitask_posterior_mean", "on_prompts", "pool_posterior", "pool_posterior_mean", "prediction_gap",
     "preconditioned_gd", "query_lens",
     "query_sensitivity", "ridge", "rls", "sensitivity_cosine", "split_drift_tokens", "split_linreg_tokens", "split_prompts",
-    "targets", "wpgd",
+    "state_space_bayes_risk", "state_space_filter", "state_space_posterior_mean", "targets", "wpgd",
 ]

@@ -1,4 +1,7 @@
-"""The Kalman filter of drift's AR(1) task process: the exact Bayes predictor and its Bayes risk.
+"""The Kalman filter of a drifting task: drift's AR(1) process and any linear-Gaussian state-space process.
+
+The exact Bayes predictor and its Bayes risk, first for drift's AR(1) task (:func:`kalman_filter`), then for
+the general state-space task of :mod:`iclab.tasks.state_space` (:func:`state_space_filter`, below).
 
 Data model (``iclab.tasks.drift``): w_0 ~ N(0, σ_w² I), w_i = γ w_{i−1} + e_i, e_i ~ N(0, σ_e² I),
 y_i = ⟨w_i, x_i⟩ (+ σε_i, σ = 0 in the paper), i = 1..n; the target is y_{n+1} = ⟨w_{n+1}, x_{n+1}⟩.
@@ -22,6 +25,19 @@ it against brute-force Gaussian conditioning (to 1e-10) and that P stays positiv
 covariance-form filter its roundoff grows as eps·cond(X)² (the normal equations' conditioning): in the
 stationary noiseless case (γ = 1, σ_e = 0), where :func:`gaussian_posterior_mean` is the same predictor
 through an SVD (eps·cond(X)), expect ~1e-10 rather than ~1e-14 after the inputs span R^d.
+
+General transition (:func:`state_space_filter`). State s_0 ~ N(0, P_0), s_t = F s_{t−1} + e_t, e_t ~ N(0, Q),
+task w_t = H s_t, y_t = x_tᵀ H s_t + σε_t. With h_t = Hᵀx_t the same recursion reads
+
+    predict  m⁻ = F m_{t−1},  P⁻ = F P_{t−1} Fᵀ + Q          (m_0 = 0, P_0 given)
+    update   u = P⁻h_t,  S = h_tᵀu + σ²,  k = u/S,  m_t = m⁻ + k (y_t − h_tᵀm⁻),  P_t = P⁻ − u uᵀ/S,
+
+and the same skip rule, with the prior value h_tᵀ Σ_t h_t (Σ_t = F Σ_{t−1} Fᵀ + Q, Σ_0 = P_0, the unconditional
+covariance of s_t; for F = γI, Q = σ_e²I, P_0 = σ_w²I, H = I it is v_t‖x_t‖², the AR(1) rule) and 10·k·eps.
+F = γI, H = I gives :func:`kalman_filter`'s numbers to rounding (F P Fᵀ is γ(γP), not γ²P). The a-priori Bayes
+risk at position t, the innovation variance h_tᵀP⁻h_t + σ² with x_t ~ N(0, Λ) integrated out analytically, is
+tr(Λ H P⁻_t Hᵀ) + σ² (:func:`state_space_bayes_risk`): exact given the earlier inputs x_<t, whose average over
+x_<t is estimated by Monte Carlo (the Riccati recursion has no closed-form mean over random inputs).
 """
 
 from __future__ import annotations
@@ -33,7 +49,8 @@ import jax.numpy as jnp
 
 from iclab.baselines._conditioning import _jit
 
-__all__ = ["KalmanFilter", "kalman_bayes_risk", "kalman_filter", "kalman_posterior_mean"]
+__all__ = ["KalmanFilter", "kalman_bayes_risk", "kalman_filter", "kalman_posterior_mean", "state_space_bayes_risk",
+           "state_space_filter", "state_space_posterior_mean"]
 
 
 class KalmanFilter(NamedTuple):
@@ -43,8 +60,8 @@ class KalmanFilter(NamedTuple):
         predictions: (..., T) a-priori predictions ŷ_t = x_tᵀ E[w_t | y_1..y_{t−1}] (y_t unused).
         variances: (..., T) a-priori predictive variances x_tᵀ Cov[w_t | y_<t] x_t + σ²: the Bayes
             risk of ŷ_t given the inputs.
-        mean: (..., d) E[w_{T+1} | y_1..y_T] = γ m_T.
-        cov: (..., d, d) Cov[w_{T+1} | y_1..y_T] = γ² P_T + σ_e² I.
+        mean: (..., k) E[s_{T+1} | y_1..y_T]: γ m_T for AR(1) (the state is the task, k = d), F m_T in general.
+        cov: (..., k, k) Cov[s_{T+1} | y_1..y_T]: γ² P_T + σ_e² I for AR(1), F P_T Fᵀ + Q in general.
     """
 
     predictions: jax.Array
@@ -150,3 +167,114 @@ def kalman_bayes_risk(x, *, gamma, sigma_w2, sigma_e2, Lam, sigma2=0.0) -> jax.A
     kf = kalman_filter(x, jnp.zeros(x.shape[:-1], x.dtype), gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2,
                        sigma2=sigma2)
     return jnp.sum(jnp.asarray(Lam, x.dtype) * kf.cov, axis=(-2, -1))
+
+
+def _state_space_scan(x, y, F, Q, P0, H, sigma2, Lam):
+    """The general filter's scan (module docstring): predictions, variances, tr(ΛHP⁻Hᵀ) per step, m_T, P_T."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = x.dtype
+    F, Q, P0 = (jnp.asarray(a, dt) for a in (F, Q, P0))
+    k = F.shape[-1]
+    H = jnp.eye(k, dtype=dt) if H is None else jnp.asarray(H, dt)
+    batch = jnp.broadcast_shapes(x.shape[:-2], y.shape[:-1])
+    x = jnp.broadcast_to(x, batch + x.shape[-2:])
+    y = jnp.broadcast_to(y, batch + y.shape[-1:])
+    s2 = jnp.asarray(sigma2, dt)
+    HLH = H.T @ jnp.asarray(Lam, dt) @ H if Lam is not None else jnp.zeros((k, k), dt)  # tr(Λ H P Hᵀ) = tr(HᵀΛH P)
+    tol = 10.0 * k * float(jnp.finfo(dt).eps)
+
+    def step(carry, xy):
+        m, P, Sig = carry
+        xt, yt = xy
+        h = xt @ H  # (..., k) = Hᵀx_t
+        m_pred = m @ F.T
+        P_pred = F @ P @ F.T + Q
+        Sig = F @ Sig @ F.T + Q
+        u = (P_pred @ h[..., None])[..., 0]
+        S0 = jnp.sum(h * u, axis=-1)
+        pred = jnp.sum(m_pred * h, axis=-1)
+        informative = S0 > tol * jnp.sum(h * (Sig @ h[..., None])[..., 0], axis=-1)
+        S = jnp.where(informative, S0 + s2, 1.0)
+        gain = jnp.where(informative[..., None], u / S[..., None], 0.0)
+        m = m_pred + gain * (yt - pred)[..., None]
+        P = P_pred - gain[..., :, None] * u[..., None, :]
+        P = 0.5 * (P + jnp.swapaxes(P, -1, -2))
+        risk = jnp.sum(HLH * P_pred, axis=(-2, -1)) + s2
+        return (m, P, Sig), (pred, jnp.maximum(S0, 0.0) + s2, risk)
+
+    m0 = jnp.zeros(batch + (k,), dt)
+    carry = (m0, jnp.broadcast_to(P0, batch + (k, k)), P0)  # the unconditional Σ_t is the same for every prompt
+    (m, P, _), (pred, var, risk) = jax.lax.scan(step, carry, (jnp.moveaxis(x, -2, 0), jnp.moveaxis(y, -1, 0)))
+    mv = lambda a: jnp.moveaxis(a, 0, -1)  # noqa: E731
+    return mv(pred), mv(var), mv(risk), m, P, F
+
+
+@_jit()
+def state_space_filter(x, y, *, F, Q, P0, H=None, sigma2=0.0) -> KalmanFilter:
+    """Runs the Kalman filter of the state-space task (module docstring; :mod:`iclab.tasks.state_space`).
+
+    Fed a prompt's full x (n+1 tokens) and y, ``predictions[..., -1]`` is the Bayes prediction of the target
+    x_{n+1}ᵀ E[w_{n+1} | y_1..y_n] (y_{n+1} is never read for it). ``**process._asdict()`` of a
+    :class:`iclab.tasks.state_space.StateSpace` gives F, Q, P0 and H.
+
+    Args:
+        x: (..., T, d) inputs x_1..x_T.
+        y: (..., T) labels y_1..y_T.
+        F: (k, k) transition.
+        Q: (k, k) innovation covariance.
+        P0: (k, k) covariance of the initial state s_0 (the first prediction is of s_1 = F s_0 + e_1).
+        H: (d, k) task readout w_t = H s_t, or None for the identity (k = d).
+        sigma2: observation-noise variance σ² ≥ 0.
+    Returns:
+        :class:`KalmanFilter` in x's dtype; ``mean``/``cov`` are E/Cov[s_{T+1} | y_1..y_T] of the state
+        (the task's are H·mean and H·cov·Hᵀ).
+    """
+    pred, var, _, m, P, F = _state_space_scan(x, y, F, Q, P0, H, sigma2, None)
+    return KalmanFilter(pred, var, m @ F.T, F @ P @ F.T + jnp.asarray(Q, P.dtype))
+
+
+@_jit()
+def state_space_posterior_mean(x, y, x_q, *, F, Q, P0, H=None, sigma2=0.0) -> jax.Array:
+    """Bayes prediction of the state-space task's target: ŷ = x_{n+1}ᵀ H E[s_{n+1} | y_1..y_n].
+
+    Args:
+        x: (..., n, d) context inputs x_1..x_n.
+        y: (..., n) context labels.
+        x_q: (..., d) query input x_{n+1}.
+        F: (k, k) transition.
+        Q: (k, k) innovation covariance.
+        P0: (k, k) covariance of s_0.
+        H: (d, k) task readout, or None for the identity.
+        sigma2: observation-noise variance σ² ≥ 0.
+    Returns:
+        (...,) predictions.
+    """
+    kf = state_space_filter(x, y, F=F, Q=Q, P0=P0, H=H, sigma2=sigma2)
+    h = jnp.asarray(x_q, kf.mean.dtype) if H is None else jnp.asarray(x_q, kf.mean.dtype) @ jnp.asarray(H, kf.mean.dtype)
+    return jnp.sum(kf.mean * h, axis=-1)
+
+
+@_jit()
+def state_space_bayes_risk(x, *, F, Q, P0, Lam, H=None, sigma2=0.0) -> jax.Array:
+    """Bayes risk of the noisy label at every position: tr(Λ H Cov[s_t | y_<t] Hᵀ) + σ², t = 1..T.
+
+    The innovation variance x_tᵀ H P⁻_t Hᵀ x_t + σ² with x_t ~ N(0, Λ) integrated out analytically; exact
+    given the earlier inputs x_1..x_{t−1} (the covariances do not depend on the labels), so the risk at t is
+    E[(y_t − ŷ_t)² | x_<t] for the filter's a-priori prediction ŷ_t. Its mean over contexts has no closed form:
+    average this over sampled inputs (Rao–Blackwellised Monte Carlo). ``x[..., t−1, :]`` is never read for
+    position t. Subtract σ² for the noiseless target x_tᵀw_t (the convention of :func:`kalman_bayes_risk`).
+
+    Args:
+        x: (..., T, d) inputs x_1..x_T (the last one, the query, is not read).
+        F: (k, k) transition.
+        Q: (k, k) innovation covariance.
+        P0: (k, k) covariance of s_0.
+        Lam: (d, d) input covariance Λ.
+        H: (d, k) task readout, or None for the identity.
+        sigma2: observation-noise variance σ² ≥ 0 (of the context labels and of the scored label).
+    Returns:
+        (..., T) conditional Bayes risks.
+    """
+    x = jnp.asarray(x)
+    _, _, risk, _, _, _ = _state_space_scan(x, jnp.zeros(x.shape[:-1], x.dtype), F, Q, P0, H, sigma2, Lam)
+    return risk

@@ -5,6 +5,8 @@
 - :mod:`iclab.tasks.drift`: a task vector drifting along the prompt as an AR(1) process (drift).
 - :mod:`iclab.tasks.multitask_regression`: I tasks on orthogonal input blocks, one output each (mhsa).
 - :mod:`iclab.tasks.pool`: linear regression whose tasks come from a finite pool of M (task diversity).
+- :mod:`iclab.tasks.state_space`: a task drifting as a linear-Gaussian state-space process (AR(1), rotation,
+  trend), with its exact autocovariance.
 
 Submodules load on first access (``iclab.tasks.drift``); :func:`standard_normal` and :func:`rbg_key`
 are the fast Gaussian draws every sampler uses inside jitted loops.
@@ -14,8 +16,8 @@ import importlib
 
 from iclab.tasks._random import rbg_key, standard_normal
 
-_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool")
-__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal"]
+_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool", "state_space")
+__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal", "state_space"]
 
 
 def __getattr__(name):

@@ -1,9 +1,11 @@
-"""Closed-form theory, one module per paper; nothing here trains a model.
+"""Closed-form theory, one module per paper (and one for drift beyond AR(1)); nothing here trains a model.
 
 - :mod:`iclab.theory.linattn`: linear attention training dynamics (Zhang, Singh, Latham, Saxe).
 - :mod:`iclab.theory.wpgd`: gated linear attention as weighted preconditioned GD (gating).
 - :mod:`iclab.theory.drift`: GLA with a forget factor under AR(1) task drift (drift).
 - :mod:`iclab.theory.mhsa`: multi-head softmax attention dynamics and optimality (mhsa).
+- :mod:`iclab.theory.nonstationary`: drift's exponential-weights (GLA) risk for any task autocovariance
+  (rotating, trending, switching tasks; AR(1) is drift's Theorem 2).
 
 Submodules load on first access (``iclab.theory.wpgd``), so importing one paper's theory does
 not pay for scipy.optimize and the others.
@@ -11,7 +13,7 @@ not pay for scipy.optimize and the others.
 
 import importlib
 
-__all__ = ["drift", "linattn", "mhsa", "wpgd"]
+__all__ = ["drift", "linattn", "mhsa", "nonstationary", "wpgd"]
 
 
 def __getattr__(name):
