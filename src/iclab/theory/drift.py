@@ -860,17 +860,21 @@ def optimal_forget_factor(*, gamma, sigma_w2, sigma_e2, n, Lam, bounds=(1e-3, 1.
     Returns:
         (lam_star float, err float) with err = train_error(lam_star, ...).
     """
+    setting = dict(gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam)
+    return _grid_then_brent(lambda l: train_error(l, **setting), bounds, xatol)
+
+
+def _grid_then_brent(f, bounds, xatol):
+    """(argmin, min) of f over [lo, hi]: the best of a 201-point grid (f vectorised over λ), then bounded Brent
+    inside its neighbouring cells; the cell ends are candidates too (the bounded method never evaluates them)."""
     lo, hi = bounds
     if not 0 < lo < hi:
         raise ValueError(f"bounds must satisfy 0 < lo < hi (got {bounds})")
     grid = np.linspace(lo, hi, 201)
-    setting = dict(gamma=gamma, sigma_w2=sigma_w2, sigma_e2=sigma_e2, n=n, Lam=Lam)
-    k = int(np.argmin(train_error(grid, **setting)))
+    k = int(np.argmin(f(grid)))
     a, b = grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]
-    res = minimize_scalar(lambda l: train_error(l, **setting), bounds=(a, b), method="bounded", options={"xatol": xatol})
-    # the bounded method never evaluates the end points; an optimum at the bound is kept.
-    cands = [(float(res.fun), float(res.x)), (train_error(a, **setting), float(a)), (train_error(b, **setting), float(b))]
-    err, lam_star = min(cands)
+    res = minimize_scalar(f, bounds=(a, b), method="bounded", options={"xatol": xatol})
+    err, lam_star = min([(float(res.fun), float(res.x)), (float(f(a)), float(a)), (float(f(b)), float(b))])
     return lam_star, err
 
 

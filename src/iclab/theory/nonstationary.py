@@ -36,7 +36,7 @@ C restricted to the tasks w_1..w_{t+1} (``C[:t+1, :t+1]``).
 Conventions: ``lam`` the forget factor λ (scalar or array), ``C`` the task autocovariance over w_1..w_{n+1},
 either (n+1, n+1, d, d) with C[a−1, b−1] = E[w_a w_bᵀ] or (n+1, n+1) scalars c(a, b) for an isotropic process
 E[w_a w_bᵀ] = c(a, b) I_d (cheap at large n, d); ``Lam`` the (d, d) input covariance, ``sigma2`` the label noise
-σ². Risks carry no ½. This module imports nothing but numpy and scipy.
+σ². Risks carry no ½. This module imports nothing but numpy, scipy and :mod:`iclab.theory.drift`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.optimize import minimize_scalar
+
+from iclab.theory.drift import _grid_then_brent
 
 __all__ = ["ExponentialWeightsMoments", "exponential_weights_moments", "exponential_weights_readout",
            "exponential_weights_risk", "optimal_exponential_forget_factor"]
@@ -171,7 +172,7 @@ def optimal_exponential_forget_factor(*, C, Lam, sigma2=0.0, bounds=(1e-3, 1.0),
 
     A 201-point grid over ``bounds`` locates the basin; scipy's bounded Brent method then refines inside the
     neighbouring grid cells to ``xatol`` (as :func:`iclab.theory.drift.optimal_forget_factor`, which it equals
-    for AR(1) up to the σ² it adds).
+    for AR(1) at σ² = 0).
 
     Args:
         C: task autocovariance over w_1..w_{n+1}: (n+1, n+1, d, d), or (n+1, n+1) for c(a, b) I_d.
@@ -182,16 +183,5 @@ def optimal_exponential_forget_factor(*, C, Lam, sigma2=0.0, bounds=(1e-3, 1.0),
     Returns:
         (lam_star float, risk float) with risk = exponential_weights_risk(lam_star, ...).
     """
-    lo, hi = bounds
-    if not 0 < lo < hi:
-        raise ValueError(f"bounds: the search interval must satisfy 0 < lo < hi (got {bounds})")
     setting = dict(C=C, Lam=Lam, sigma2=sigma2)
-    grid = np.linspace(lo, hi, 201)
-    k = int(np.argmin(exponential_weights_risk(grid, **setting)))
-    a, b = grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]
-    res = minimize_scalar(lambda l: exponential_weights_risk(l, **setting), bounds=(a, b), method="bounded",
-                          options={"xatol": xatol})
-    # the bounded method never evaluates the end points; an optimum at the bound is kept.
-    cands = [(float(res.fun), float(res.x))] + [(exponential_weights_risk(v, **setting), float(v)) for v in (a, b)]
-    risk, lam_star = min(cands)
-    return lam_star, risk
+    return _grid_then_brent(lambda lam: exponential_weights_risk(lam, **setting), bounds, xatol)
