@@ -5,6 +5,7 @@
 - :mod:`iclab.tasks.drift`: a task vector drifting along the prompt as an AR(1) process (drift).
 - :mod:`iclab.tasks.multitask_regression`: I tasks on orthogonal input blocks, one output each (mhsa).
 - :mod:`iclab.tasks.pool`: linear regression whose tasks come from a finite pool of M (task diversity).
+- :mod:`iclab.tasks.switching`: a task redrawn from its prior at random switches inside the prompt (changepoints).
 
 Submodules load on first access (``iclab.tasks.drift``); :func:`standard_normal` and :func:`rbg_key`
 are the fast Gaussian draws every sampler uses inside jitted loops.
@@ -14,8 +15,9 @@ import importlib
 
 from iclab.tasks._random import rbg_key, standard_normal
 
-_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool")
-__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal"]
+_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool", "switching")
+__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal",
+           "switching"]
 
 
 def __getattr__(name):
