@@ -27,7 +27,7 @@ def _brute(x, y, *, hazard, Sigma, sigma2):
     """Predictive mean and variance of y_T given y_<T, the posterior of the last switch at or before T, and
     log p(y_1..y_{T−1}): every switch pattern b_2..b_T (2^{T−1} of them) weighted by its prior probability
     times the Gaussian marginal likelihood of y_1..y_{T−1}, each pattern's segments conditioned by hand."""
-    T, d = x.shape
+    T = x.shape[0]
     logw, means, variances, lasts = [], [], [], []
     for bits in itertools.product((0, 1), repeat=T - 1):
         b = np.array((1,) + bits)

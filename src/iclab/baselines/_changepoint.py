@@ -161,7 +161,7 @@ def _filter(x, y, hazard, prior_cov, sigma2):
 @_jit()
 def _posterior_mean(x, y, x_q, hazard, prior_cov, sigma2):
     x_q = jnp.asarray(x_q, x.dtype)
-    (m, P, a, _), *_ = _run(x, y, hazard, prior_cov, sigma2)
+    (m, _, a, _), *_ = _run(x, y, hazard, prior_cov, sigma2)
     mu = jnp.einsum("...sd,...d->...s", m, x_q)
     out = jnp.sum(jax.nn.softmax(a, axis=-1) * mu, axis=-1)
     N, d = x.shape[-2:]

@@ -30,6 +30,8 @@ w (B, n+1, d)), so every drift baseline and layout helper (:func:`iclab.baseline
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,6 +78,11 @@ def sample_switching_tasks(key: jax.Array, B: int, d: int, *, hazard, prior_cov=
         (B, n+1, d) array; [:, i-1, :] is w_i.
     """
     _check(hazard=hazard, n=n, B=B)
+    return _tasks(key, hazard, prior_cov, B=B, d=d, n=n, dtype=jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("B", "d", "n", "dtype"))
+def _tasks(key, hazard, prior_cov, *, B, d, n, dtype):
     k_g, k_b = jax.random.split(key)
     T = n + 1
     g = sample_pool(k_g, B * T, d, prior_cov=prior_cov, dtype=dtype).reshape(B, T, d)
@@ -106,12 +113,17 @@ def sample_switching_prompts(key: jax.Array, B: int, *, hazard, prior_cov=1.0, s
     """
     _check(hazard=hazard, sigma2=sigma2, n=n, B=B)
     Lam = jnp.asarray(Lam)
-    dtype = Lam.dtype if dtype is None else dtype
+    dtype = jnp.dtype(Lam.dtype if dtype is None else dtype)
+    return _prompts(key, hazard, prior_cov, sigma2, Lam, B=B, n=n, dtype=dtype)
+
+
+# One compiled program per shape: dispatched op by op, the sampler's many small ops cost seconds of compilation.
+@functools.partial(jax.jit, static_argnames=("B", "n", "dtype"))
+def _prompts(key, hazard, prior_cov, sigma2, Lam, *, B, n, dtype):
     d = Lam.shape[-1]
     chol = jnp.linalg.cholesky(Lam).astype(dtype)
     x = standard_normal(jax.random.fold_in(key, 0), (B, n + 1, d), dtype) @ chol.T
-    w = sample_switching_tasks(jax.random.fold_in(key, 1), B, d, hazard=hazard, prior_cov=prior_cov, n=n,
-                               dtype=dtype)
+    w = _tasks(jax.random.fold_in(key, 1), hazard, prior_cov, B=B, d=d, n=n, dtype=dtype)
     noise = standard_normal(jax.random.fold_in(key, 2), (B, n + 1), dtype)
     y = jnp.einsum("btd,btd->bt", x, w) + jnp.sqrt(jnp.asarray(sigma2, dtype)) * noise
     return DriftPrompts(x=x, y=y, w=w)
