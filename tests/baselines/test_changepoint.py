@@ -143,11 +143,19 @@ def test_layouts_dtype_and_bad_input():
     traced = jax.jit(lambda s2: bl.changepoint_posterior_mean(x, y, xq, hazard=0.1, sigma2=s2))
     assert np.all(np.isnan(traced(0.0)))
     np.testing.assert_allclose(traced(0.1), want, rtol=0, atol=1e-12)
-    # long prompts stay finite and normalised (log-space weights)
+
+
+def test_long_prompts_stay_finite_and_normalised():
+    # 301 tokens, small noise: the likelihoods of wrong segments underflow any linear-space weight
     long = _prompts(8, 4, hazard=0.02, sigma2=1e-3, n=300, d=3)
     f = bl.changepoint_filter(long.x, long.y, hazard=0.02, sigma2=1e-3)
     assert np.all(np.isfinite(f.predictions)) and np.all(np.isfinite(f.log_evidence))
     np.testing.assert_allclose(f.run_length.sum(-1), 1.0, rtol=0, atol=1e-12)
+    # and they track the switches: far below the stationary posterior's (h = 0) errors on the same prompts
+    signal = np.einsum("btd,btd->bt", long.x, long.w)
+    stationary = bl.changepoint_filter(long.x, long.y, hazard=0.0, sigma2=1e-3)
+    err, err0 = (np.mean((np.asarray(g.predictions) - signal) ** 2) for g in (f, stationary))
+    assert err < 0.25 * err0, (err, err0)
 
 
 def test_query_gradient_is_the_mixture_of_segment_means():
