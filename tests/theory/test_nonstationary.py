@@ -1,6 +1,7 @@
 """The exponential-weights risk for any task autocovariance: equal to the drift paper's Theorem 2 at AR(1)
 (to rounding), against Monte Carlo of the same predictor (4 SE) for a rotation, a trend and AR(1) with label
-noise and under abrupt task switches, the best readout minimising the quadratic, and the Kalman filter's Bayes risk below it."""
+noise and under abrupt task switches, the best readout minimising the quadratic, and the Kalman filter's
+Bayes risk below it."""
 
 import jax
 import numpy as np
