@@ -1,10 +1,10 @@
 """Registered figure and table reproductions, and what a user needs to write their own.
 
 An experiment (:class:`Experiment`) is a config class (:class:`ExperimentConfig`, fields built with
-:func:`param`, or taken from an engine with :func:`engine_fields`), named presets, and three functions: ``run(config, reporter) -> arrays``,
-``checks(config, arrays) -> [Check]`` (:mod:`iclab.experiments.checks`) and ``plot(config, arrays)
--> Figure``. :func:`register` adds one to the registry that ``iclab run`` reads; a file outside the
-package runs with ``iclab run path/to/file.py:NAME``.
+:func:`param`, or taken from an engine's specification with :func:`engine_fields`), named presets, and three
+functions: ``run(config, reporter) -> arrays``, ``checks(config, arrays) -> [Check]``
+(:mod:`iclab.experiments.checks`) and ``plot(config, arrays) -> Figure``. :func:`register` adds one to the
+registry that ``iclab run`` reads; a file outside the package runs with ``iclab run path/to/file.py:NAME``.
 """
 
 from iclab.experiments import checks
