@@ -105,14 +105,17 @@ def test_gated_family_sampled_and_moments_engines_follow_the_same_trajectory(reg
 
 
 def test_an_experiment_spec_accepts_the_new_family(registry):
-    # No linattn figure config has a free model field; its specifications are built by training_spec,
-    # which accepts any registered linreg family.
+    # No linattn figure config has a free model field; its specifications are built by training_spec from the
+    # config's settings and the run's choices, which accepts any registered linreg family.
     from iclab.experiments.linattn._common import training_spec
+    from iclab.experiments.linattn.fig1 import Fig1Config
 
-    spec = training_spec(model="gated_attn_m", engine="moments", H=2, w_init=0.1, lr=0.1, steps=1, P=10)
+    config = Fig1Config(H=2, w_init=0.1, lr=0.1, steps=1, P=10)
+    spec = training_spec(config, model="gated_attn_m", engine="moments")
     assert spec.family() is GATED
+    assert (spec.H, spec.w_init, spec.lr, spec.steps, spec.P) == (2, 0.1, 0.1, 1, 10)
     with pytest.raises(ValueError, match="training specification: backend 'native'"):
-        training_spec(model="gated_attn_m", engine="moments", H=2, w_init=0.1, lr=0.1, steps=1, P=10, backend="native")
+        training_spec(config, model="gated_attn_m", engine="moments", backend="native")
     with pytest.raises(ConfigError, match="no full-matrix form"):
         LinregTraining(model="gated_attn_m", engine="sampled", form="full", H=2, w_init=0.1, lr=0.1, steps=1, P=10)
 

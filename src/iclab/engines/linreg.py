@@ -40,7 +40,7 @@ from iclab.tasks.linreg import Prompts, sample_prompts, sample_query_moments
 from iclab.ops import backend
 from iclab.tasks.linreg import population_loss
 
-__all__ = ["Engine", "Form", "Integrator", "LinregTraining", "MomentsBackend", "Statistics", "init_params",
+__all__ = ["Engine", "Form", "Integrator", "LinregSettings", "LinregTraining", "MomentsBackend", "Statistics", "init_params",
            "population_objective", "prompt_statistics", "train"]
 
 Form = Literal["reduced", "full"]
@@ -60,14 +60,39 @@ Statistics = Literal["prompts", "direct"]
 ExpectedLoss = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-class LinregTraining(BaseModel):
-    """What :func:`train` trains and how: model family, engine, sizes, init and GD settings.
+class LinregSettings(BaseModel):
+    """The settings of a training run that an experiment chooses: sizes, init, GD, data and integrator tolerances.
 
-    Every combination is checked here, so a bad one is one line naming the field and what is allowed
-    (:class:`iclab.ConfigError`) before anything runs.
+    Each is declared here once, with its type, bounds and meaning. An experiment's config takes the ones it
+    exposes, with its own default and the paper's value (:func:`iclab.experiments.engine_fields`), and
+    :meth:`LinregTraining.of` reads them back; the per-run choices (model, engine, form, backend, ...) are
+    :class:`LinregTraining`'s own fields.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    H: int = Field(ge=1, le=100_000, description="attention heads H (= hidden units of the MLP)")
+    R: int = Field(1, ge=1, le=1024, description="rank R of each ATTN_S head")
+    w_init: float = Field(gt=0, le=1e3, description="init scale w_init of eqs 34/36 (layer norms ≈ w_init)")
+    lr: float = Field(gt=0, le=1e6, description="GD learning rate η (paper convention, with 1/N inside the attention)")
+    steps: int = Field(ge=0, le=10**9, description="GD steps (gradient flow: the run lasts t = steps·lr)")
+    record_every: int = Field(1, ge=1, le=10**9, description="record the trajectory every this many steps (gradient "
+                                                             "flow: every record_every·lr in time)")
+    P: int | None = Field(None, ge=1, le=10**9, description="training prompts (moments and sampled engines)")
+    full_scale: float = Field(0.0, ge=0, le=1e3, description="std of the full-matrix blocks that never reach ŷ_q")
+    rho: float = Field(1.0, gt=0, le=1e6, description="softmax temperature ρ (families with a 'rho' option)")
+    rtol: float = Field(1e-10, gt=0, lt=1, description="gradient flow: relative tolerance of the step-size control")
+    atol: float = Field(1e-12, gt=0, lt=1, description="gradient flow: absolute tolerance of the step-size control")
+
+
+class LinregTraining(LinregSettings):
+    """What :func:`train` trains and how: the settings (:class:`LinregSettings`: sizes, init, GD) and the
+    per-run choices (model family, engine, form, backend, integrator, recorded params).
+
+    Every combination is checked here, so a bad one is one line naming the field and what is allowed
+    (:class:`iclab.ConfigError`) before anything runs. :meth:`of` builds one from a config that carries the
+    settings.
+    """
 
     def __init__(self, **fields):
         try:
@@ -78,24 +103,30 @@ class LinregTraining(BaseModel):
     model: str = Field(description="a registered model family of task 'linreg' (iclab.models.model_families('linreg'))")
     engine: Engine = Field(description="population (exact expected loss), moments (exact full-batch GD from "
                                        "sufficient statistics) or sampled (full-batch GD on the prompts)")
-    H: int = Field(ge=1, le=100_000, description="heads H (hidden units of the MLP)")
-    R: int = Field(1, ge=1, le=1024, description="rank R of each ATTN_S head")
-    w_init: float = Field(gt=0, le=1e3, description="init scale (eqs 34/36: layer norms ≈ w_init)")
-    lr: float = Field(gt=0, le=1e6, description="GD learning rate η (paper convention: 1/N inside the attention)")
-    steps: int = Field(ge=0, le=10**9, description="GD steps (gradient flow: the run lasts t = steps·lr)")
-    record_every: int = Field(1, ge=1, le=10**9, description="record every this many steps (gradient flow: "
-                                                             "every record_every·lr in time)")
-    P: int | None = Field(None, ge=1, le=10**9, description="training prompts (moments and sampled engines)")
     form: Form = Field("reduced", description="reduced (the blocks that reach ŷ_q) or full-matrix weights")
-    full_scale: float = Field(0.0, ge=0, le=1e3, description="std of the full-matrix blocks that never reach ŷ_q")
-    rho: float = Field(1.0, gt=0, le=1e6, description="softmax temperature ρ (families with a 'rho' option)")
     backend: MomentsBackend = Field("auto", description="moments engine: auto (the run's backend where the compiled "
                                     "kernels apply), xla, or the compiled native kernels")
     unroll: int = Field(1, ge=1, le=1024, description="steps unrolled per compiled loop iteration (xla)")
     integrator: Integrator = Field("gd", description="population engine: gradient descent (gd) or gradient flow (gf)")
-    rtol: float = Field(1e-10, gt=0, lt=1, description="gradient flow: relative tolerance of the step-size control")
-    atol: float = Field(1e-12, gt=0, lt=1, description="gradient flow: absolute tolerance of the step-size control")
     record_params: bool = Field(False, description="record the params at every record")
+
+    @classmethod
+    def of(cls, config: BaseModel, **choices) -> "LinregTraining":
+        """The specification of one run from a config and the run's choices.
+
+        Every field of the config whose name is a field of this class (the settings an experiment's config
+        takes from :class:`LinregSettings`, or a choice such as ``engine`` it exposes) is read from it; ``choices``
+        give the rest and replace a config's value for this run (e.g. ``R`` of one column of a rank sweep,
+        ``P=None`` for the population engine).
+
+        Args:
+            config: any pydantic model (an experiment's config).
+            choices: LinregTraining fields of this run (model, engine, form, integrator, ...).
+        Returns:
+            The validated specification (:class:`iclab.ConfigError` if the combination is refused).
+        """
+        taken = {name: getattr(config, name) for name in type(config).model_fields if name in cls.model_fields}
+        return cls(**{**taken, **choices})
 
     @model_validator(mode="after")
     def _compatible(self):

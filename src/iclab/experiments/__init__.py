@@ -1,14 +1,14 @@
 """Registered figure and table reproductions, and what a user needs to write their own.
 
 An experiment (:class:`Experiment`) is a config class (:class:`ExperimentConfig`, fields built with
-:func:`param`), named presets, and three functions: ``run(config, reporter) -> arrays``,
-``checks(config, arrays) -> [Check]`` (:mod:`iclab.experiments.checks`) and ``plot(config, arrays)
--> Figure``. :func:`register` adds one to the registry that ``iclab run`` reads; a file outside the
-package runs with ``iclab run path/to/file.py:NAME``.
+:func:`param`, or taken from an engine's specification with :func:`engine_fields`), named presets, and three
+functions: ``run(config, reporter) -> arrays``, ``checks(config, arrays) -> [Check]``
+(:mod:`iclab.experiments.checks`) and ``plot(config, arrays) -> Figure``. :func:`register` adds one to the
+registry that ``iclab run`` reads; a file outside the package runs with ``iclab run path/to/file.py:NAME``.
 """
 
 from iclab.experiments import checks
-from iclab.experiments._config import ExperimentConfig, param
+from iclab.experiments._config import ExperimentConfig, engine_fields, param, setting
 from iclab.experiments._registry import (
     Experiment,
     all_experiments,
@@ -30,9 +30,11 @@ __all__ = [
     "check_equal",
     "check_rel",
     "checks",
+    "engine_fields",
     "get_experiment",
     "paper_packages",
     "param",
     "register",
+    "setting",
     "unregister",
 ]

@@ -3,6 +3,12 @@
 Use :func:`param` for every field: ``paper=`` records what the paper (or its reference code)
 uses, so ``iclab show`` can print it beside our default; ``paper_note=`` says where it comes from
 or that the paper leaves it unspecified.
+
+A field that an engine's specification declares (:class:`iclab.engines.linreg.LinregSettings`: H, w_init,
+lr, steps, P, ...) is not declared again: the config takes it with :func:`engine_fields`, giving only its
+default, the paper's value and, where the figure needs them, narrower bounds or fewer choices
+(:func:`setting`). The type, bounds and description stay the engine's, so a config and the engine cannot
+disagree on what a field is.
 """
 
 from __future__ import annotations
@@ -10,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import types
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
-__all__ = ["ExperimentConfig", "TrainingConfig", "field_rows", "param", "validate_eigenvalues"]
+__all__ = ["EngineFields", "ExperimentConfig", "Setting", "TrainingConfig", "engine_fields", "field_rows", "param",
+           "setting", "validate_eigenvalues"]
 
 UNSPECIFIED = "unspecified"
 
@@ -35,6 +43,102 @@ def param(default: Any, description: str, *, paper: Any = None, paper_note: str 
     return Field(default, description=description, json_schema_extra=extra, **bounds)
 
 
+class Setting(NamedTuple):
+    """A config's default and paper value for a field an engine declares (:func:`setting`)."""
+
+    default: Any
+    paper: Any = None
+    paper_note: str | None = None
+    choices: tuple | None = None
+    bounds: dict | None = None
+
+
+def setting(default: Any, *, paper: Any = None, paper_note: str | None = None, choices: tuple | None = None,
+            **bounds: Any) -> Setting:
+    """A config's default for a field it takes from an engine (:func:`engine_fields`), with the paper's value.
+
+    Args:
+        default: our default value.
+        paper: the paper's (or its reference code's) value; None when it gives none.
+        paper_note: where the paper's value comes from, or that the paper leaves it unspecified.
+        choices: for a Literal field, the values this config allows (a subset of the engine's).
+        bounds: ge, gt, le, lt narrower than the engine's (e.g. the sizes a figure is made for).
+    Returns:
+        The :class:`Setting`.
+    """
+    return Setting(default, paper, paper_note, None if choices is None else tuple(choices), bounds or None)
+
+
+class EngineFields(dict):
+    """{field name: :class:`Setting`} taken from one engine specification (:func:`engine_fields`)."""
+
+    def __init__(self, spec: type[BaseModel], settings: dict[str, Setting]):
+        super().__init__(settings)
+        self.spec = spec
+
+
+def engine_fields(spec: type[BaseModel], **settings: Setting) -> EngineFields:
+    """Fields of a config taken from an engine's specification, declared there once.
+
+    Assigned in a config's body as a ``ClassVar`` (``linreg: ClassVar = engine_fields(LinregSettings, H=setting(8,
+    paper=8), ...)``), it adds each named field of ``spec`` at that place, with the engine's type, bounds and
+    description and the config's default and paper value; a subclass overrides a default the same way. A field
+    the engine allows to be None (P: not needed by the population engine) is taken without None when its default
+    is a value.
+
+    Args:
+        spec: the engine's pydantic specification (e.g. :class:`iclab.engines.linreg.LinregSettings`).
+        settings: field name -> :func:`setting`.
+    Returns:
+        The :class:`EngineFields`, which :class:`ExperimentConfig` expands when the class is created.
+    Raises:
+        TypeError: a name that is not a field of ``spec``, or a value that is not a :func:`setting`.
+    """
+    for name, value in settings.items():
+        if name not in spec.model_fields:
+            raise TypeError(f"{name!r} is not a field of {spec.__name__}")
+        if not isinstance(value, Setting):
+            raise TypeError(f"{name}: give iclab.experiments.setting(default, paper=...), not {type(value).__name__}")
+    return EngineFields(spec, settings)
+
+
+_LOWER, _UPPER = ("ge", "gt"), ("le", "lt")
+
+
+def _engine_bounds(info: FieldInfo) -> dict:
+    return {attr: getattr(meta, attr) for meta in info.metadata for attr in _LOWER + _UPPER
+            if getattr(meta, attr, None) is not None}
+
+
+def _taken_field(spec: type[BaseModel], name: str, s: Setting, inherited: FieldInfo | None) -> tuple[Any, FieldInfo]:
+    """The annotation and FieldInfo of ``spec``'s field ``name`` with the config's default, paper value and narrowing
+    (of the engine's bounds and choices, or of those a base config took when it re-takes the field)."""
+    info = spec.model_fields[name]
+    annotation = info.annotation if inherited is None else inherited.annotation
+    if get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation) and s.default is not None:
+        rest = tuple(a for a in get_args(annotation) if a is not type(None))
+        annotation = rest[0] if len(rest) == 1 else Union[rest]
+    if s.choices is not None:
+        allowed = get_args(annotation) if get_origin(annotation) is Literal else ()
+        if not s.choices or not set(s.choices) <= set(allowed):
+            raise TypeError(f"{name}: choices must be some of {spec.__name__}'s {', '.join(map(str, allowed)) or 'none'}")
+        annotation = Literal[s.choices]
+    bounds = _engine_bounds(info if inherited is None else inherited)
+    for attr, value in (s.bounds or {}).items():
+        side = _LOWER if attr in _LOWER else _UPPER if attr in _UPPER else None
+        if side is None:
+            raise TypeError(f"{name}: bounds are ge, gt, le, lt (got {attr})")
+        engine = [bounds[a] for a in side if a in bounds]
+        if engine and (value < engine[0] if side is _LOWER else value > engine[0]):
+            raise TypeError(f"{name}: {attr} = {value} is wider than {spec.__name__}'s bound {engine[0]}")
+        for a in side:
+            bounds.pop(a, None)
+        bounds[attr] = value
+    ordered = {a: bounds[a] for a in _LOWER + _UPPER if a in bounds}
+    extra = {"paper": s.paper, "paper_note": s.paper_note}
+    return annotation, Field(s.default, description=info.description, json_schema_extra=extra, **ordered)
+
+
 class ExperimentConfig(BaseModel):
     """Fields shared by every experiment: the base seed and the number of seeds run (vmapped).
 
@@ -44,6 +148,32 @@ class ExperimentConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    def __init_subclass__(cls, **kwargs):
+        # Before pydantic collects the fields: each engine_fields group becomes fields at its place in the class
+        # body, with the engine's type, bounds and description. __engine_fields__ records where each came from
+        # (this class's own; tests/experiments/test_config_fields.py walks them).
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__annotations__", {})
+        expanded, taken = {}, {}
+        for name, annotation in own.items():
+            group = cls.__dict__.get(name)
+            expanded[name] = annotation
+            if not isinstance(group, EngineFields):
+                continue
+            for field, s in group.items():
+                if field in own or field in taken:
+                    raise TypeError(f"{cls.__name__}.{field} is declared twice: by hand and taken from "
+                                    f"{group.spec.__name__}")
+                inherited = next((base.model_fields[field] for base in cls.__mro__[1:]
+                                  if field in vars(base).get("__engine_fields__", {})), None)
+                expanded[field], info = _taken_field(group.spec, field, s, inherited)
+                setattr(cls, field, info)
+                taken[field] = group.spec
+        if taken:
+            own.clear()
+            own.update(expanded)
+        cls.__engine_fields__ = taken  # this class's own: a subclass that declares a field by hand is not covered
 
     @model_validator(mode="before")
     @classmethod

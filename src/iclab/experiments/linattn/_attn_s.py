@@ -7,7 +7,7 @@ Times are t = Σ lr; the paper's time is t/τ = 2t (linattn._common), so eq 21 i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import field_validator, model_validator
@@ -15,7 +15,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import drop_intervals, first_rise
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, statistics_memory, training_spec
 from iclab.theory import linattn as theory
@@ -27,30 +27,29 @@ class AttnSConfig(CovarianceConfig):
     """The Fig 3 setup: ATTN_S (reduced form, eq S) from eq-36 init, full-batch GD on P prompts."""
 
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H: int = param(4, "attention heads H", paper=4, paper_note="Fig 3 caption; reference code: --head 5", ge=1, le=256)
-    w_init: float = param(
-        0.06, "init scale w_init of eq 36 (v_i ~ N(0, w²/H), k, q entries ~ N(0, w²/(HRD)))", paper=None,
-        paper_note="unspecified; the reference code's --init 0.01 (K, Q std 0.01/√(R(D+1)), v std 0.01, no 1/N) "
-                   "is, mapped to the paper model (weights × N^{1/3}), eq 36 with w ≈ 0.06 (same v·k·q scale)",
-        gt=0, le=10,
+    linreg: ClassVar = engine_fields(
+        LinregTraining,
+        H=setting(4, paper=4, paper_note="Fig 3 caption; reference code: --head 5", le=256),
+        w_init=setting(
+            0.06, paper=None,
+            paper_note="unspecified; the reference code's --init 0.01 (K, Q std 0.01/√(R(D+1)), v std 0.01, no 1/N) "
+                       "is, mapped to the paper model (weights × N^{1/3}), eq 36 with w ≈ 0.06 (same v·k·q scale)",
+            le=10),
+        lr=setting(0.197, paper=0.197,
+                   paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·N^{2/3} = 0.197 here (linattn._common)",
+                   le=10),
+        steps=setting(
+            50_000, paper=10_000,
+            paper_note="reference code: 10001 epochs; with H = 4 a head that starts small leaves L(M_3) late, so the "
+                       "default runs 50k (t ≈ 9850) for every seed to finish",
+            ge=1, le=10_000_000),
+        # the main engine: full-batch GD on P prompts (moments, the paper's figures) or on the exact expected loss
+        engine=setting("moments", paper="moments", choices=("moments", "population")),
+        P=setting(80_000, paper=80_000,
+                  paper_note="the notebook's Fig 3 runs (…_P80000_…); reference README default: 5000", le=1_000_000),
+        record_every=setting(5, le=1_000_000),
     )
-    lr: float = param(0.197, "GD learning rate η (paper convention, with 1/N)", paper=0.197,
-                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·N^{2/3} = 0.197 here (linattn._common)",
-                      gt=0, le=10)
-    steps: int = param(
-        50_000, "GD steps", paper=10_000,
-        paper_note="reference code: 10001 epochs; with H = 4 a head that starts small leaves L(M_3) late, so the "
-                   "default runs 50k (t ≈ 9850) for every seed to finish",
-        ge=1, le=10_000_000,
-    )
-    engine: Literal["moments", "population"] = param(
-        "moments", "main engine: full-batch GD on P prompts (moments, the paper's figures) or on the exact "
-        "expected loss (population)", paper="moments")
-    P: int = param(80_000, "training prompts of the moments engine", paper=80_000,
-                   paper_note="the notebook's Fig 3 runs (…_P80000_…); reference README default: 5000",
-                   ge=1, le=1_000_000)
     population_beside: bool = param(True, "also run population GD (exact expected loss) from the same init")
-    record_every: int = param(5, "record the trajectory every this many steps", ge=1, le=1_000_000)
 
     def ranks_trained(self) -> list[int]:
         """The ranks R this figure trains (Fig 3: R = 1)."""
@@ -60,8 +59,7 @@ class AttnSConfig(CovarianceConfig):
         """ATTN_S of rank R with H heads by one engine: full-batch GD on P prompts (moments, on the
         run's backend) or GD on the exact expected loss (population), weights recorded."""
         moments = engine == "moments"
-        return training_spec(model="attn_s", engine=engine, H=self.H, R=R, w_init=self.w_init, lr=self.lr,
-                             steps=self.steps, record_every=self.record_every, P=self.P if moments else None,
+        return training_spec(self, model="attn_s", engine=engine, R=R, P=self.P if moments else None,
                              backend="auto" if moments else "xla", record_params=True)
 
     def engines_run(self) -> list[tuple[str, str]]:

@@ -1,9 +1,11 @@
 """Shared pieces of the linattn experiments: the Λ config, each seed's key and covariance, and the
 training specifications (:class:`iclab.engines.linreg.LinregTraining`) built from a figure's config.
 
-Every figure trains through :func:`iclab.engines.linreg.train`; its config builds the specifications
-of its runs in a method and checks them in a validator (:func:`training_spec`), so a combination the
-engine cannot run is a config error before anything runs.
+Every figure trains through :func:`iclab.engines.linreg.train`. Its config takes the training settings it
+exposes (H, w_init, lr, steps, P, ...) from :class:`iclab.engines.linreg.LinregSettings` with
+:func:`iclab.experiments.engine_fields` (declared once, in the engine), builds the specifications of its runs
+in a method from itself and each run's choices, and checks them in a validator (:func:`training_spec`), so a
+combination the engine cannot run is a config error before anything runs.
 
 Time axis: t = Σ lr of GD on the mean squared query loss; the paper's time is t/τ = 2t (derived here: the
 gradient flow τ dW/dt = −½ ∂L/∂W of eq 5 is the small-lr limit of GD on L). Models use the paper convention
@@ -119,16 +121,18 @@ def statistics_memory(*, seeds: int, P: int, N: int, D: int, statistics: str = "
             (3.0 * FLOAT64 * seeds * (F * F + F + 1), f"the D²×D² moment matrices G of {seeds} seed(s)")]
 
 
-def training_spec(**fields) -> LinregTraining:
-    """A :class:`LinregTraining` from a figure config's fields; a combination it refuses is a one-line
-    ValueError, which a config's validator turns into its own validation error.
+def training_spec(config, **choices) -> LinregTraining:
+    """The :class:`LinregTraining` of one run: the settings the config takes from the engine, and the run's
+    choices (:meth:`LinregTraining.of`); a combination it refuses is a one-line ValueError, which a config's
+    validator turns into its own validation error.
 
     Args:
-        fields: the LinregTraining fields.
+        config: a figure's config.
+        choices: the run's LinregTraining fields (model, engine, ...), replacing the config's where both give one.
     Returns:
         The validated specification.
     """
     try:
-        return LinregTraining(**fields)
+        return LinregTraining.of(config, **choices)
     except ConfigError as err:  # one line already ("training specification: …"); a ValueError for the validator
         raise ValueError(str(err)) from None

@@ -5,14 +5,15 @@ checks and plot, and the plateau readings that Fig 8 shares (dwell at a level, l
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg, moments
-from iclab.engines.linreg import LinregTraining, Statistics
+from iclab.engines.linreg import LinregSettings, LinregTraining, Statistics
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments.checks import check_abs, check_at_least
 from iclab.experiments._memory import records, total
@@ -39,28 +40,28 @@ class RankSweepConfig(CovarianceConfig):
         paper_note="captions of Figs 4, 8, 12: λ_d ∝ 1/d; the reference code only implements 'linear' (∝ 8..1)",
     )
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H: int = param(9, "attention heads H", paper=9, ge=1, le=256)
+    linreg: ClassVar = engine_fields(
+        LinregSettings,
+        H=setting(9, paper=9, le=256),
+        w_init=setting(0.4, paper=None,
+                       paper_note="unspecified; reference --init 5e-3 ≙ w ≈ 0.05 here, which at 20001 steps leaves R = 1 "
+                                  "in its middle plateaus (see notes)", le=10),
+        lr=setting(REFERENCE_LR, paper=REFERENCE_LR,
+                   paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·31^{2/3} = 0.197 here (linattn._common)",
+                   le=10),
+        steps=setting(20_000, paper=20_000, paper_note="reference code: --epoch 20001 (20001 losses)",
+                      ge=1, le=10_000_000),
+        P=setting(80_000, paper=80_000, paper_note="reference code: --trainset_size 80000", le=10_000_000),
+        record_every=setting(20, le=1_000_000),
+    )
     ranks: list[int] = param([1, 2, 4, 8], "ranks R of the key and query of each head, one panel each",
                              paper=[1, 2, 4, 8], paper_note="Fig 4; Fig 12: 3, 5, 6, 7")
     seeds: int = param(6, "independent seeds (init and data), run together with vmap", paper=6, ge=1, le=1024)
-    w_init: float = param(
-        0.4, "init scale w_init of eq 36 (v_i ~ N(0, w²/H), k, q entries ~ N(0, w²/(HRD)))", paper=None,
-        paper_note="unspecified; reference --init 5e-3 ≙ w ≈ 0.05 here, which at 20001 steps leaves R = 1 "
-                   "in its middle plateaus (see notes)", gt=0, le=10,
-    )
-    lr: float = param(REFERENCE_LR, "GD learning rate η (paper convention, with 1/N)", paper=REFERENCE_LR,
-                      paper_note="reference code --lr 0.02 without 1/N ≙ 0.02·31^{2/3} = 0.197 here (linattn._common)",
-                      gt=0, le=10)
-    steps: int = param(20_000, "GD steps", paper=20_000, paper_note="reference code: --epoch 20001 (20001 losses)",
-                       ge=1, le=10_000_000)
-    P: int = param(80_000, "training prompts per seed (full-batch GD, moments engine)", paper=80_000,
-                   paper_note="reference code: --trainset_size 80000", ge=1, le=10_000_000)
     statistics: Statistics = param(
         "direct", "how the moments engine's statistics are drawn: the prompts themselves (prompts) or their "
         "(β, x_q, y_q) from the exact joint law (direct; same distribution, N + 3D instead of (N + 2)D random "
         "numbers per prompt)",
     )
-    record_every: int = param(20, "record the trajectory every this many steps", ge=1, le=1_000_000)
 
     @field_validator("ranks")
     @classmethod
@@ -81,9 +82,7 @@ class RankSweepConfig(CovarianceConfig):
 
     def training(self, R: int) -> LinregTraining:
         """ATTN_S of rank R: full-batch GD on the P prompts (moments engine, long-run unrolled loop)."""
-        return training_spec(model="attn_s", engine="moments", H=self.H, R=R, w_init=self.w_init, lr=self.lr,
-                             steps=self.steps, record_every=self.record_every, P=self.P,
-                             unroll=moments.LONG_RUN_UNROLL)
+        return training_spec(self, model="attn_s", engine="moments", R=R, unroll=moments.LONG_RUN_UNROLL)
 
 
 def run_rank_sweep(config: RankSweepConfig, reporter) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +11,9 @@ from pydantic import model_validator
 
 from iclab import baselines
 from iclab.engines import linreg
-from iclab.engines.linreg import Engine, LinregTraining
+from iclab.engines.linreg import Engine, LinregSettings, LinregTraining
 from iclab.experiments._analysis import count_drops, first_crossing
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, baseline_lines, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -43,15 +43,15 @@ BAYES_Z = 3.0
 
 class Fig1Config(CovarianceConfig):
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H: int = param(8, "attention heads H (= hidden units of the MLP)", paper=8, ge=1, le=1024)
-    w_init: float = param(1e-6, "init scale w_init of eq 34 (layer norms ≈ w_init)", paper=1e-6,
-                          paper_note="reference code: --init 1e-6", gt=0, le=10)
-    lr: float = param(0.031, "GD learning rate η (paper convention, with 1/N)", paper=0.031,
-                      paper_note="unspecified; reference code 1e-3 without 1/N ≙ 0.031 here", gt=0, le=10)
-    steps: int = param(6000, "GD steps", paper=6000, paper_note="reference code: 6001 epochs", ge=1, le=10_000_000)
-    P: int = param(5000, "training prompts for the sampled (full-batch GD) runs", paper=5000,
-                   paper_note="reference code default", ge=1, le=1_000_000)
-    record_every: int = param(10, "record the trajectory every this many steps", ge=1, le=1_000_000)
+    linreg: ClassVar = engine_fields(
+        LinregSettings,
+        H=setting(8, paper=8, le=1024),
+        w_init=setting(1e-6, paper=1e-6, paper_note="reference code: --init 1e-6", le=10),
+        lr=setting(0.031, paper=0.031, paper_note="unspecified; reference code 1e-3 without 1/N ≙ 0.031 here", le=10),
+        steps=setting(6000, paper=6000, paper_note="reference code: 6001 epochs", ge=1, le=10_000_000),
+        P=setting(5000, paper=5000, paper_note="reference code default", le=1_000_000),
+        record_every=setting(10, le=1_000_000),
+    )
     population_method: Literal["gd", "gf"] = param(
         "gd", "population engine: GD with the same lr (gd) or gradient flow with diffrax (gf)",
         paper_note="the paper's theory is GF; its figures are GD steps",
@@ -64,8 +64,7 @@ class Fig1Config(CovarianceConfig):
         """The run of one model by one engine: population GD (or gradient flow over t = steps·lr), or
         full-batch GD on P prompts (sampled)."""
         population = engine == "population"
-        return training_spec(model=model, engine=engine, H=self.H, w_init=self.w_init, lr=self.lr, steps=self.steps,
-                             record_every=self.record_every, P=None if population else self.P,
+        return training_spec(self, model=model, engine=engine, P=None if population else self.P,
                              integrator=self.population_method if population else "gd")
 
     @model_validator(mode="after")

@@ -33,8 +33,8 @@ class Fig10Config(AttnSConfig):
     def aligned_training(self) -> LinregTraining:
         """Population GD of rank-one ATTN_S with H = D heads, from the aligned init given to the run
         (w_init does not enter), weights recorded."""
-        return training_spec(model="attn_s", engine="population", H=self.D, R=1, w_init=self.aligned_init,
-                             lr=self.lr, steps=self.steps, record_every=self.record_every, record_params=True)
+        return training_spec(self, model="attn_s", engine="population", H=self.D, R=1, w_init=self.aligned_init,
+                             P=None, record_params=True)
 
     @model_validator(mode="after")
     def _aligned_training(self):

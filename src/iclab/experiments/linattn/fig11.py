@@ -3,9 +3,12 @@ a plateau M_m with R | m, so conspicuous plateaus sit at those m; the others are
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
-from iclab.experiments._config import param
+from iclab.engines.linreg import LinregSettings
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
@@ -16,7 +19,7 @@ from iclab.experiments.linattn._common import PAPER
 
 
 class Fig11Config(RankConfig):
-    H: int = param(5, "attention heads H", paper=5, paper_note="Fig 11 caption", ge=1, le=256)
+    linreg: ClassVar = engine_fields(LinregSettings, H=setting(5, paper=5, paper_note="Fig 11 caption"))
     ranks: list[int] = param([2, 3, 4], "ranks R of the key and query matrices, one column each", paper=[2, 3, 4])
     seeds: int = param(6, "random initialisations per rank", paper=6,
                        paper_note="unspecified for Fig 11; Fig 3's six", ge=1, le=1024)

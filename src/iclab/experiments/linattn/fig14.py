@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,7 @@ from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg, moments
 from iclab.engines.linreg import LinregTraining
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
@@ -37,7 +37,22 @@ class Fig14Config(CovarianceConfig):
         paper_note="Fig 14 caption: Λ = I/D (reference --white_cov)",
     )
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H: int = param(8, "ATTN_M heads", paper=8, ge=1, le=1024)
+    linreg: ClassVar = engine_fields(
+        LinregTraining,
+        H=setting(8, paper=8, le=1024),
+        # eq 34's init of the blocks that reach ŷ_q; the zero blocks v⃗_i = u_i start at 0
+        w_init=setting(3e-5, paper=3e-5,
+                       paper_note="reference --init 1e-6 per entry without 1/N ≈ 3e-5 in eq 34 with 1/N (×√N)", le=10),
+        lr=setting(0.0155, paper=0.0155, paper_note="reference --lr 5e-4 without 1/N ≙ 5e-4 × N = 0.0155 here", le=10),
+        steps=setting(5000, paper=5000, paper_note="reference --epoch 4001; its notebook plots 0..5000",
+                      ge=1, le=10_000_000),
+        P=setting(5000, paper=5000, paper_note="reference default", le=1_000_000),
+        # moments: exact full-batch GD from sufficient statistics of φ = vec(XXᵀ/N) ⊗ x_q, dim (D+1)²D; sampled:
+        # full-batch GD on the prompts; the same trajectory
+        engine=setting("moments", paper="sampled", paper_note="reference: full-batch SGD on the prompts",
+                       choices=("moments", "sampled")),
+        record_every=setting(10, le=1_000_000),
+    )
     fixed_portions: list[float] = param(
         [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "portions of training prompts sharing the fixed task vector (panels a–f)",
         paper=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
@@ -56,22 +71,9 @@ class Fig14Config(CovarianceConfig):
         "reference", "whiten the random training tasks to exact zero mean and identity covariance: when all are "
         "random (reference), always, or never", paper="reference",
         paper_note="reference code: whitens only at --icl 1; removes the mean task as a spurious in-weight target")
-    w_init: float = param(3e-5, "init scale w_init (eq 34); zero blocks v⃗_i = u_i = 0 at init", paper=3e-5,
-                          paper_note="reference --init 1e-6 per entry without 1/N ≈ 3e-5 in eq 34 with 1/N (×√N)",
-                          gt=0, le=10)
-    lr: float = param(0.0155, "GD learning rate η (paper convention, with 1/N)", paper=0.0155,
-                      paper_note="reference --lr 5e-4 without 1/N ≙ 5e-4 × N = 0.0155 here", gt=0, le=10)
-    steps: int = param(5000, "full-batch GD steps", paper=5000,
-                       paper_note="reference --epoch 4001; its notebook plots 0..5000", ge=1, le=10_000_000)
-    P: int = param(5000, "training prompts (full batch)", paper=5000, paper_note="reference default", ge=1, le=1_000_000)
     P_test: int = param(50000, "prompts in each test set (ICL, IWL)", paper=5000,
                         paper_note="reference --testset_size 5000; test losses are exact on the test set", ge=1,
                         le=10_000_000)
-    engine: Literal["moments", "sampled"] = param(
-        "moments", "moments (exact full-batch GD from sufficient statistics of φ = vec(XXᵀ/N) ⊗ x_q, dim (D+1)²D) "
-        "or sampled (full-batch GD on the prompts); same trajectory", paper="sampled",
-        paper_note="reference: full-batch SGD on the prompts")
-    record_every: int = param(10, "record every this many steps", ge=1, le=1_000_000)
 
     @field_validator("fixed_portions")
     @classmethod
@@ -83,8 +85,7 @@ class Fig14Config(CovarianceConfig):
     def training(self) -> LinregTraining:
         """Full-matrix ATTN_M (every block trained, v⃗_i = u_i = 0 at init) by full-batch GD on the P training
         prompts of a portion, through their statistics (moments) or their predictions (sampled)."""
-        return training_spec(model="attn_m", form="full", engine=self.engine, H=self.H, w_init=self.w_init,
-                             lr=self.lr, steps=self.steps, record_every=self.record_every, P=self.P)
+        return training_spec(self, model="attn_m", form="full")
 
     @model_validator(mode="after")
     def _training(self):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from pydantic import model_validator
 
 from iclab.engines import linreg
-from iclab.engines.linreg import LinregTraining
+from iclab.engines.linreg import LinregSettings, LinregTraining
 from iclab.experiments._analysis import count_drops
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -25,10 +27,12 @@ MODELS = {"m": "softmax_attn_m", "s": "softmax_attn_s"}
 
 class Fig5Config(CovarianceConfig):
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    rho: float = param(1.0, "softmax scale ρ: smax(XᵀW^KᵀW^QX/ρ) over all N+1 tokens (query included) as keys",
-                       paper=None, paper_note="unspecified; reference code: ρ = 1, query among the keys", gt=0, le=1e6)
-    P: int = param(5000, "training prompts (full-batch GD on a fixed training set)", paper=5000,
-                   paper_note="reference code default", ge=1, le=1_000_000)
+    # ρ of smax(XᵀW^KᵀW^QX/ρ) over all N+1 tokens (query included) as keys; P: full-batch GD on a fixed training set
+    linreg: ClassVar = engine_fields(
+        LinregSettings,
+        rho=setting(1.0, paper=None, paper_note="unspecified; reference code: ρ = 1, query among the keys"),
+        P=setting(5000, paper=5000, paper_note="reference code default", le=1_000_000),
+    )
     H_m: int = param(8, "softmax ATTN_M heads (Fig 1 setup)", paper=8, ge=1, le=1024)
     w_init_m: float = param(1e-6, "softmax ATTN_M init scale (eq 34)", paper=1e-6,
                             paper_note="Fig 1's init; unspecified for Fig 5", gt=0, le=10)
@@ -43,14 +47,13 @@ class Fig5Config(CovarianceConfig):
                         paper_note="unspecified; the reference code's Fig 3 lr 0.02 × N^{2/3} (linattn._common)", gt=0, le=10)
     steps_s: int = param(10_000, "softmax ATTN_S GD steps", paper=10_000,
                          paper_note="reference code (Fig 3): 10001 epochs", ge=1, le=10_000_000)
-    record_every: int = param(20, "record the training loss every this many steps", ge=1, le=1_000_000)
+    recording: ClassVar = engine_fields(LinregSettings, record_every=setting(20, le=1_000_000))
 
     def training(self, name: str) -> LinregTraining:
         """Softmax ATTN_M (name "m") or rank-one ATTN_S ("s"): full-batch GD on the P prompts (sampled)."""
         H, w_init, lr, steps = ((self.H_m, self.w_init_m, self.lr_m, self.steps_m) if name == "m" else
                                 (self.H_s, self.w_init_s, self.lr_s, self.steps_s))
-        return training_spec(model=MODELS[name], engine="sampled", H=H, R=1, w_init=w_init, lr=lr, steps=steps,
-                             record_every=self.record_every, P=self.P, rho=self.rho)
+        return training_spec(self, model=MODELS[name], engine="sampled", H=H, R=1, w_init=w_init, lr=lr, steps=steps)
 
     @model_validator(mode="after")
     def _trainings(self):

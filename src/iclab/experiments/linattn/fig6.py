@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg, population
-from iclab.engines.linreg import LinregTraining
+from iclab.engines.linreg import LinregSettings, LinregTraining
 from iclab.experiments._analysis import count_drops, first_rise
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -39,7 +41,7 @@ class Fig6Config(CovarianceConfig):
     t_max_s: float = param(3e5, "ATTN_S run length, t = Σ lr", gt=0, le=1e8)
     t_first_record: float = param(1e-2, "first non-zero record time (records are log-spaced)", gt=0, le=10)
     n_records: int = param(400, "log-spaced record times per run", ge=20, le=100_000)
-    rtol: float = param(1e-8, "relative tolerance of the gradient-flow integrator (atol = 1e-12)", gt=0, le=1e-3)
+    tolerance: ClassVar = engine_fields(LinregSettings, rtol=setting(1e-8, le=1e-3))  # atol = 1e-12 (training)
 
     @field_validator("w_inits_m", "w_inits_s")
     @classmethod
@@ -65,8 +67,8 @@ class Fig6Config(CovarianceConfig):
         init of scale w_init, weights recorded. The run goes to its log-spaced record times
         (:func:`_record_times`): the spec's steps and lr set no time here."""
         H = self.H_m if model == "attn_m" else self.H_s
-        return training_spec(model=model, engine="population", integrator="gf", H=H, w_init=w_init, lr=1.0, steps=1,
-                             rtol=self.rtol, atol=1e-12, record_params=True)
+        return training_spec(self, model=model, engine="population", integrator="gf", H=H, w_init=w_init, lr=1.0,
+                             steps=1, atol=1e-12, record_params=True)
 
 
 def _record_times(t_first: float, t_max: float, n: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +10,9 @@ import numpy as np
 from pydantic import model_validator
 
 from iclab.engines import linreg, moments
-from iclab.engines.linreg import LinregTraining
+from iclab.engines.linreg import LinregSettings, LinregTraining
 from iclab.experiments._analysis import drop_intervals
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import FLOAT64, records, total
 from iclab.experiments._plot import MODEL_COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -34,7 +34,7 @@ class Fig7Config(CovarianceConfig):
     )
     H_m: int = param(8, "ATTN_M heads (Fig 1 setup)", paper=8, ge=1, le=1024)
     H_s: int = param(4, "ATTN_S heads (Fig 3 setup)", paper=4, paper_note="Fig 3 caption; reference code: 5", ge=1, le=1024)
-    R: int = param(1, "ATTN_S rank R of each head's key and query", paper=1, ge=1, le=64)
+    rank: ClassVar = engine_fields(LinregSettings, R=setting(1, paper=1, le=64))  # ATTN_S's; ATTN_M has none
     w_init_m: float = param(1e-6, "ATTN_M init scale w_init (eq 34)", paper=1e-6,
                             paper_note="Fig 1's reference command: --init 1e-6", gt=0, le=10)
     w_init_s: float = param(0.1, "ATTN_S init scale w_init (eq 36)", paper=0.1,
@@ -50,9 +50,10 @@ class Fig7Config(CovarianceConfig):
     steps_s: int = param(30000, "ATTN_S GD steps", paper=30000,
                          paper_note="reference Fig 3: 10001 epochs; with H = D heads a head that starts tiny along e_D "
                          "needs longer for the last drop", ge=1, le=10_000_000)
-    P: int = param(80000, "training prompts of N_max + 1 tokens for the moments engine (P·N_max rows)", paper=80000,
-                   paper_note="reference Fig 3 ATTN_S runs: 80000 (its default 5000); cost-free in the moments engine",
-                   ge=1, le=1_000_000)
+    # P prompts of N_max + 1 tokens: the moments engine trains on their P·N_max (prompt, position) rows
+    data: ClassVar = engine_fields(LinregSettings, P=setting(
+        80000, paper=80000, le=1_000_000,
+        paper_note="reference Fig 3 ATTN_S runs: 80000 (its default 5000); cost-free in the moments engine"))
     record_every_m: int = param(20, "ATTN_M: record every this many steps", ge=1, le=1_000_000)
     record_every_s: int = param(25, "ATTN_S: record every this many steps", ge=1, le=1_000_000)
 
@@ -60,7 +61,7 @@ class Fig7Config(CovarianceConfig):
         """ATTN_M (H_m heads) or ATTN_S (H_s heads of rank R) by GD on the exact expected next-token loss
         (population) or on the P·N_max (prompt, position) rows (moments), weights recorded."""
         m = model == "attn_m"
-        return training_spec(model=model, engine=engine, H=self.H_m if m else self.H_s, R=1 if m else self.R,
+        return training_spec(self, model=model, engine=engine, H=self.H_m if m else self.H_s, R=1 if m else self.R,
                              w_init=self.w_init_m if m else self.w_init_s, lr=self.lr_m if m else self.lr_s,
                              steps=self.steps_m if m else self.steps_s,
                              record_every=self.record_every_m if m else self.record_every_s,

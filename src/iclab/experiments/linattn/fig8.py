@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from pydantic import field_validator, model_validator
 
 from iclab.engines import linreg
-from iclab.engines.linreg import LinregTraining, Statistics
+from iclab.engines.linreg import LinregSettings, LinregTraining, Statistics
 from iclab.experiments._analysis import count_drops, drop_tolerance
-from iclab.experiments._config import param
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -31,8 +33,8 @@ class Fig8Config(CovarianceConfig):
     N: int = param(127, "context pairs per prompt N", paper=127, ge=1, le=100_000)
     seeds: int = param(6, "independent seeds (init and data), run together with vmap", paper=None,
                        paper_note="unspecified; 6 as in Figs 3-5", ge=1, le=1024)
-    P: int = param(20_000, "training prompts per seed (full-batch GD, moments engine), shared by all panels",
-                   paper=None, paper_note="unspecified; the reference code's default is 5000", ge=1, le=10_000_000)
+    data: ClassVar = engine_fields(LinregSettings, P=setting(  # shared by all panels
+        20_000, paper=None, paper_note="unspecified; the reference code's default is 5000", le=10_000_000))
     statistics: Statistics = param(
         "direct", "how the moments engine's statistics are drawn: the prompts (prompts) or their (β, x_q, y_q) "
         "from the exact joint law (direct; same distribution, far fewer random numbers at N = 127)")
@@ -73,13 +75,13 @@ class Fig8Config(CovarianceConfig):
 
     def training_m(self, H: int) -> LinregTraining:
         """ATTN_M with H heads: full-batch GD on the P prompts (moments engine)."""
-        return training_spec(model="attn_m", engine="moments", H=H, w_init=self.w_init_m, lr=self.lr_m,
-                             steps=self.steps_m, record_every=self.record_every_m, P=self.P)
+        return training_spec(self, model="attn_m", engine="moments", H=H, w_init=self.w_init_m, lr=self.lr_m,
+                             steps=self.steps_m, record_every=self.record_every_m)
 
     def training_s(self, R: int) -> LinregTraining:
         """ATTN_S of rank R with H_s heads: full-batch GD on the P prompts (moments engine)."""
-        return training_spec(model="attn_s", engine="moments", H=self.H_s, R=R, w_init=self.w_init_s, lr=self.lr_s,
-                             steps=self.steps_s, record_every=self.record_every_s, P=self.P)
+        return training_spec(self, model="attn_s", engine="moments", H=self.H_s, R=R, w_init=self.w_init_s,
+                             lr=self.lr_s, steps=self.steps_s, record_every=self.record_every_s)
 
 
 def run_fig8(config: Fig8Config, reporter) -> dict:

@@ -3,12 +3,14 @@ E(y_q zᵀ)E(zzᵀ)⁻¹ at the end (≈ vec(Λ⁻¹) as N → ∞); the eq-55 c
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from pydantic import model_validator
 
 from iclab.engines import linreg
-from iclab.engines.linreg import Engine, LinregTraining
-from iclab.experiments._config import param
+from iclab.engines.linreg import Engine, LinregSettings, LinregTraining
+from iclab.experiments._config import engine_fields, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure
 from iclab.experiments import Experiment, register
@@ -28,23 +30,22 @@ RUNS = (("sampled", "attn_m", "sampled"), ("mlp", "mlp", "sampled"), ("populatio
 
 class Fig9Config(CovarianceConfig):
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H: int = param(8, "attention heads H (= hidden units of the MLP)", paper=8, ge=1, le=1024)
-    w_init: float = param(1e-6, "init scale w_init of eq 34", paper=1e-6,
-                          paper_note="Fig 1 run; reference code: --init 1e-6", gt=0, le=10)
-    lr: float = param(0.031, "GD learning rate η (paper convention, with 1/N)", paper=0.031,
-                      paper_note="as linattn.fig1: reference lr 1e-3 without 1/N", gt=0, le=10)
-    steps: int = param(6000, "GD steps", paper=6000, paper_note="reference code: 6001 epochs", ge=1, le=10_000_000)
-    P: int = param(5000, "training prompts of the sampled (full-batch GD) run", paper=5000,
-                   paper_note="reference code default", ge=1, le=1_000_000)
-    record_every: int = param(10, "record the weights every this many steps", ge=1, le=1_000_000)
+    linreg: ClassVar = engine_fields(
+        LinregSettings,
+        H=setting(8, paper=8, le=1024),
+        w_init=setting(1e-6, paper=1e-6, paper_note="Fig 1 run; reference code: --init 1e-6", le=10),
+        lr=setting(0.031, paper=0.031, paper_note="as linattn.fig1: reference lr 1e-3 without 1/N", le=10),
+        steps=setting(6000, paper=6000, paper_note="reference code: 6001 epochs", ge=1, le=10_000_000),
+        P=setting(5000, paper=5000, paper_note="reference code default", le=1_000_000),
+        record_every=setting(10, le=1_000_000),
+    )
     plateau_frac: float = param(0.5, "the plateau snapshot is taken at this fraction of the time the population "
                                 "loss takes to fall half-way to L(M_D)", gt=0, lt=1)
 
     def training(self, model: str, engine: Engine, *, lr_factor: int = 1) -> LinregTraining:
         """The Fig 1 run of one model by one engine, weights recorded; ``lr_factor`` k runs lr/k for k times
         the steps (the same time), recording the end only when k > 1."""
-        return training_spec(model=model, engine=engine, H=self.H, w_init=self.w_init, lr=self.lr / lr_factor,
-                             steps=lr_factor * self.steps,
+        return training_spec(self, model=model, engine=engine, lr=self.lr / lr_factor, steps=lr_factor * self.steps,
                              record_every=self.record_every if lr_factor == 1 else lr_factor * self.steps,
                              P=self.P if engine == "sampled" else None, record_params=True)
 
