@@ -61,7 +61,7 @@ PAPER_LINKS = {
 THEORY = {"linattn": "linattn", "gating": "wpgd", "drift": "drift", "mhsa": "mhsa"}
 BENCH_MARKER = "<!-- iclab: measured benchmarks -->"
 TABLE_MARKER = "<!-- iclab: experiments table -->"
-TUTORIALS = ("linattn", "gating", "drift", "mhsa")
+TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family")
 
 
 # ------------------------------------------------------------------------------------------------

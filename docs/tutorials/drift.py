@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 import iclab  # noqa: F401  (turns on float64)
+from iclab.engines import Members, each_member, seed_keys, train_members
 from iclab.models import gla_forget
 from iclab.tasks.drift import sample_drift_prompts, tokens
 from iclab.theory import drift as theory
@@ -46,46 +47,37 @@ print(f"Theorem 2: λ* = {lam_star:.4f}, error {err_star:.4f}; linear attention 
 # ## Training the restricted GLA at a grid of λ
 #
 # ŷ = u_{−1} Gᵀ U_11 x_{n+1} with G = Σ_{i≤n} λ^{n+1−i} y_i x_i (`iclab.models.gla_forget.predict_restricted`).
-# One model per λ, all trained at once (`jax.vmap`), each step on 500 fresh prompts (the same prompts for
-# every λ), Adam with a decaying learning rate, from U_11 = 0.1 I, u_{−1} = 0.1.
+# One model per λ, all trained at once by iclab's joint trainer (`iclab.engines.train_members`: one group of
+# members whose setting is their λ), each step on 500 fresh prompts shared by every λ (common random
+# numbers: since the members' losses are summed and Adam acts elementwise, each model moves as if trained
+# alone on those batches), Adam with a decaying learning rate, from U_11 = 0.1 I, u_{−1} = 0.1.
 
 # %%
 lams = np.round(np.arange(0.60, 0.961, 0.02), 4)
 steps, batch = 1500, 500
-schedule = optax.exponential_decay(3e-2, transition_steps=steps, decay_rate=0.01)
-opt = optax.adam(schedule)
 Lam_j = jnp.asarray(Lam)
 
 
-def loss_fn(params, Z, y, lam):
+def init(key, lam):   # the same deterministic start at every λ (the key is not used)
+    return {"U11": 0.1 * jnp.eye(d), "u_m1": jnp.asarray(0.1)}
+
+
+def loss_one(params, batch, lam):   # one member's mean squared error on the shared batch
+    Z, y = batch
     return jnp.mean((gla_forget.predict_restricted(params["U11"], params["u_m1"], Z, lam) - y) ** 2)
 
 
-@jax.jit
-def train_all(key):
-    params = {"U11": jnp.broadcast_to(0.1 * jnp.eye(d), (len(lams), d, d)), "u_m1": jnp.full(len(lams), 0.1)}
-    state = jax.vmap(opt.init)(params)
-
-    def step(carry, k):
-        params, state = carry
-        prompts = sample_drift_prompts(jax.random.fold_in(key, k), batch, gamma=0.8, sigma_w2=1.0, sigma_e2=0.1,
-                                       n=20, Lam=Lam_j)
-        Z, y = tokens(prompts), prompts.y[:, -1]
-
-        def one(p, s, lam):
-            loss, g = jax.value_and_grad(loss_fn)(p, Z, y, lam)
-            updates, s = opt.update(g, s, p)
-            return optax.apply_updates(p, updates), s, loss
-
-        params, state, loss = jax.vmap(one)(params, state, jnp.asarray(lams))
-        return (params, state), loss
-
-    (params, _), losses = jax.lax.scan(step, (params, state), jnp.arange(steps))
-    return params, losses
+def draw(key, aux):   # one batch of fresh drifting-task prompts per step, as tokens
+    prompts = sample_drift_prompts(key, batch, gamma=0.8, sigma_w2=1.0, sigma_e2=0.1, n=20, Lam=Lam_j)
+    return tokens(prompts), prompts.y[:, -1]
 
 
+grid = Members(init, each_member(loss_one), ids=np.arange(len(lams)), settings=jnp.asarray(lams))
 start = time.perf_counter()
-params, losses = jax.block_until_ready(train_all(jax.random.PRNGKey(0)))
+tr = train_members({"grid": grid}, draw, keys=seed_keys(0, 1), n_steps=steps, optimizer=optax.scale_by_adam(),
+                   lr=optax.exponential_decay(3e-2, transition_steps=steps, decay_rate=0.01), record_every=50,
+                   record_member_loss=False)
+params = jax.tree_util.tree_map(lambda a: a[0], tr.final_params["grid"])   # seed 0: (len(lams), ...)
 print(f"{len(lams)} models × {steps} Adam steps in {time.perf_counter() - start:.1f} s")
 
 # exact error of each trained model on the prompts of its own λ (no Monte Carlo: Lemma 3's moments)

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 import iclab  # noqa: F401  (turns on float64)
+from iclab.engines import Members, each_member, seed_keys, train_members
 from iclab.tasks.multitask import joint_task_correlation, sample_multitask
 from iclab.theory import wpgd as theory
 
@@ -60,15 +61,15 @@ for k, v in curves.items():
 # Under the paper's restricted construction (eq 9 with the gates of Theorem 4) a scalar-gated GLA on a
 # prompt of three blocks predicts ŷ = x_qᵀ P Σ_i ω_i y_i x_i with block weights ω = (g₂g₃, g₃, 1): each gate
 # g_k = sigmoid(θ_k) ∈ (0, 1) multiplies the state at the start of block k. We learn P and the two gates
-# by Adam on fresh prompts (`iclab.tasks.multitask.sample_multitask`), then evaluate the trained model's
-# exact risk with eq 37 (`theory.wpgd_risk`).
+# by Adam on fresh prompts (`iclab.tasks.multitask.sample_multitask`) through iclab's joint trainer
+# (`iclab.engines.train_members`, one group of one member), then evaluate the trained model's exact risk
+# with eq 37 (`theory.wpgd_risk`).
 
 # %%
 nb = 6
 blocks = [nb] * 3
 R, r = theory.multitask_correlation(blocks, task_R, task_r)
 steps, batch = 1500, 1000
-opt = optax.adam(optax.exponential_decay(2e-2, transition_steps=steps, decay_rate=0.02))
 
 
 def weights(params):
@@ -76,28 +77,25 @@ def weights(params):
     return jnp.repeat(jnp.stack([g[0] * g[1], g[1], 1.0]), nb)
 
 
-def loss_fn(params, prompts):
+def init(key, setting):   # a deterministic start (the key is not used)
+    return {"P": 0.01 * jnp.eye(d), "theta": jnp.zeros(2)}
+
+
+def loss_one(params, prompts, setting):
     y_hat = jnp.einsum("bd,de,bne,bn->b", prompts.x_query, params["P"], prompts.x, weights(params) * prompts.y)
     return jnp.mean((y_hat - prompts.y_query) ** 2)
 
 
-@jax.jit
-def train(key):
-    params = {"P": 0.01 * jnp.eye(d), "theta": jnp.zeros(2)}
-
-    def step(carry, k):
-        params, state = carry
-        prompts = sample_multitask(jax.random.fold_in(key, k), batch, blocks, task_R, task_r, d, sigma2=sigma2)
-        loss, g = jax.value_and_grad(loss_fn)(params, prompts)
-        updates, state = opt.update(g, state, params)
-        return (optax.apply_updates(params, updates), state), loss
-
-    (params, _), losses = jax.lax.scan(step, (params, opt.init(params)), jnp.arange(steps))
-    return params, losses
+def draw(key, aux):   # fresh prompts every step
+    return sample_multitask(key, batch, blocks, task_R, task_r, d, sigma2=sigma2)
 
 
 start = time.perf_counter()
-params, losses = jax.block_until_ready(train(jax.random.PRNGKey(0)))
+tr = train_members({"gla": Members(init, each_member(loss_one), ids=np.arange(1))}, draw, keys=seed_keys(0, 1),
+                   n_steps=steps, optimizer=optax.scale_by_adam(),
+                   lr=optax.exponential_decay(2e-2, transition_steps=steps, decay_rate=0.02), record_every=50,
+                   record_member_loss=False)
+params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params["gla"])   # seed 0, member 0
 print(f"{steps} Adam steps on {batch}-prompt batches in {time.perf_counter() - start:.1f} s")
 trained_risk = float(theory.wpgd_risk(params["P"], weights(params), Sigma, R, r, sigma2))
 scalar = theory.scalar_gating_optimum(Sigma, R, r, sigma2, blocks)

@@ -25,7 +25,6 @@
 # %%
 import time
 
-import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np

@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import iclab  # noqa: F401  (turns on float64)
+from iclab.engines import Members, each_member, seed_keys, train_members
 from iclab.models.mhsa import spectral_expected_loss
 from iclab.tasks.multitask_regression import sample_prompts, task_structure
 from iclab.theory import mhsa as theory
@@ -53,7 +54,8 @@ print("leading-order emergence times T_0,i (τ):",
 # as `iclab.models.mhsa.spectral_to_full` builds them), parametrised by their per-(head, task) factors
 # k = q and o = v, so that ω̄ = kq/(d_i √d_e) and μ = ov. Plain GD with lr = 1 on ½ of the expected squared
 # error over the task matrix G (`iclab.models.mhsa.spectral_expected_loss`), the covariates and queries
-# drawn fresh every step (512 prompts). Time is t = Σ lr; the reduced ODE runs on τ = 2t/d (the ½-MSE flow,
+# drawn fresh every step (512 prompts), through iclab's joint trainer (`iclab.engines.train_members`, one
+# group of one member). Time is t = Σ lr; the reduced ODE runs on τ = 2t/d (the ½-MSE flow,
 # `theory.gf_time_from_tau`).
 
 # %%
@@ -68,27 +70,28 @@ def half_loss(f, X, q):
     return 0.5 * spectral_expected_loss(to_spectral(f), X, q, d_i, lam, sigma2=0.0)
 
 
-@jax.jit
-def train(key):
+def init(key, setting):   # the theory's balanced decomposable start (the key is not used)
     k0 = jnp.sqrt(d_i * np.sqrt(d_e) * omega0)
-    f = {"k": k0, "q": k0, "o": jnp.sqrt(mu0), "v": jnp.sqrt(mu0)}
-
-    def step(f, n):
-        prompts = sample_prompts(jax.random.fold_in(key, n), ts, L, batch)
-        g = jax.grad(half_loss)(f, prompts.X, prompts.q)
-        f = jax.tree.map(lambda a, b: a - lr * b, f, g)
-        return f, to_spectral(f)
-
-    _, path = jax.lax.scan(step, f, jnp.arange(steps))
-    return path
+    return {"k": k0, "q": k0, "o": jnp.sqrt(mu0), "v": jnp.sqrt(mu0)}
 
 
+def loss_one(f, prompts, setting):
+    return half_loss(f, prompts.X, prompts.q)
+
+
+def draw(key, aux):   # fresh covariates and queries every step
+    return sample_prompts(key, ts, L, batch)
+
+
+# plain GD (no optimiser) through iclab's joint trainer, a group of one member, its factors recorded every step
 start = time.perf_counter()
-path = jax.block_until_ready(train(jax.random.PRNGKey(0)))
+tr = train_members({"mhsa": Members(init, each_member(loss_one), ids=np.arange(1))}, draw, keys=seed_keys(0, 1),
+                   lr=lr, n_steps=steps, record_params=True, record_member_loss=False)
 print(f"{steps} GD steps on {batch}-prompt batches in {time.perf_counter() - start:.1f} s")
-t = lr * np.arange(1, steps + 1)
-omega_sim = np.concatenate([omega0[None], np.asarray(path["omega"])])   # (T, H, I)
-t = np.concatenate([[0.0], t])
+t = np.asarray(tr.t)                                                  # t = Σ lr, from 0
+factors = jax.tree_util.tree_map(lambda a: np.asarray(a)[0, :, 0], tr.params["mhsa"])   # seed 0, member 0
+omega_sim = np.asarray(to_spectral(factors)["omega"])                 # (T, H, I)
+assert np.allclose(omega_sim[0], omega0), "the recorded path does not start at the theory's init"
 
 tau = 2.0 * t / d
 ode = theory.solve_reduced_dynamics(tau, d_i, lam, sigma2=0.0, L=L, d_e=d_e, omega0=omega0, mu0=mu0)

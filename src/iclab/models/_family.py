@@ -13,9 +13,9 @@ trains it by
 - the moments engine (exact full-batch GD from sufficient statistics), when the prediction is linear
   in a fixed feature, ŷ_q = ⟨T(θ), φ(prompt)⟩: ``tensor`` gives T(θ) and ``feature`` φ.
 
-A new family is one file that builds a :class:`ModelFamily` and registers it; see
-``tests/models/test_family.py`` for a toy family (linear attention with a data-independent gate)
-trained by the population and sampled engines.
+A new family is one file that builds a :class:`ModelFamily` and registers it; see the tutorial "Add a model
+family" (``docs/tutorials/model_family.py``: rank-R ATTN_S with a gate per head, trained by every engine and
+the joint trainer) and ``tests/models/test_family.py`` (linear attention with a data-independent gate).
 """
 
 from __future__ import annotations
