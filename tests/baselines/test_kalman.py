@@ -106,7 +106,7 @@ def test_layouts_and_the_target_is_never_read():
 
 def test_bayes_risk_matches_monte_carlo_and_beats_gla_at_its_optimum():
     rng = np.random.default_rng(2)
-    d, n = 3, 20
+    n = 20
     Lam = np.diag([0.6, 0.3, 0.1]) * 3
     setting = dict(gamma=0.9, sigma_w2=1.0, sigma_e2=0.05)
     pr = _drift_prompts(rng, 4000, **setting, n=n, Lam=Lam)

@@ -544,7 +544,7 @@ def test_multilayer_grid_in_float32_runs_the_ir_query_kernel_and_agrees_with_num
     (test_gla_native's twin test)."""
     monkeypatch.setattr(gla_native, "GRID_DRIVER", False)
     rng = np.random.default_rng(13)
-    S, R, B, T = 1, 1, native.LANES + 5, 9
+    R, B, T = 1, native.LANES + 5, 9
     Z = jnp.asarray((0.6 * rng.standard_normal((R, B, T, DG))).astype(np.float32))
     y = jnp.asarray(rng.standard_normal((R, B)).astype(np.float32))
     pos, lens = gla_native.subsequence_positions([[0, 2, 5, 8], list(range(T))])

@@ -2,7 +2,6 @@
 
 import functools
 import http.server
-import json
 import threading
 from pathlib import Path
 
