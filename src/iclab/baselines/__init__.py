@@ -18,6 +18,9 @@ task modules' prompts (linreg, drift, gating's multitask, mhsa's multitask_regre
 - AR(1) task drift (``_kalman``; drift): :func:`kalman_filter`, :func:`kalman_posterior_mean`,
   :func:`kalman_bayes_risk`; any linear-Gaussian state-space drift (:mod:`iclab.tasks.state_space`: rotation,
   trend, ...): :func:`state_space_filter`, :func:`state_space_posterior_mean`, :func:`state_space_bayes_risk`.
+- Abrupt task switches (``_changepoint``; :mod:`iclab.tasks.switching`): :func:`changepoint_filter`,
+  :func:`changepoint_posterior_mean` (the exact run-length mixture of Adams & MacKay's changepoint posterior)
+  and its per-position Monte Carlo risk :func:`changepoint_bayes_risk`.
 - Online adaptive filters (``_online``; drift's Sec 5 baselines on the prompt): :func:`lms`, :func:`rls`, and
   LMS's exact risk under AR(1) drift :func:`lms_risk`; :func:`filter_tail_errors` runs both along many
   streams at once (a compiled CPU kernel, numpy in and out: drift.baselines' Monte Carlo).
@@ -28,6 +31,12 @@ Bayes risks are exact given the context inputs (the query integrated out); their
 is a Rao–Blackwellised Monte Carlo estimate except where a docstring gives a closed form.
 """
 
+from iclab.baselines._changepoint import (
+    ChangepointFilter,
+    changepoint_bayes_risk,
+    changepoint_filter,
+    changepoint_posterior_mean,
+)
 from iclab.baselines._gaussian import gaussian_bayes_risk, gaussian_posterior_mean, mhsa_bayes_risk, mhsa_posterior_mean
 from iclab.baselines._kalman import (
     KalmanFilter,
@@ -66,8 +75,9 @@ from iclab.ops import filter_tail_errors
 from iclab.baselines._stats import Estimate, mean_and_se
 
 __all__ = [
-    "DRIFT_TOKENS_QUERY", "LINREG_TOKENS_QUERY", "AlgorithmMatch", "Context", "Estimate", "KalmanFilter", "QueryLens",
-    "algorithm_match", "exponential_weights", "filter_tail_errors", "gaussian_bayes_risk", "gaussian_posterior_mean", "gd",
+    "DRIFT_TOKENS_QUERY", "LINREG_TOKENS_QUERY", "AlgorithmMatch", "ChangepointFilter", "Context", "Estimate", "KalmanFilter", "QueryLens",
+    "algorithm_match", "changepoint_bayes_risk", "changepoint_filter", "changepoint_posterior_mean",
+    "exponential_weights", "filter_tail_errors", "gaussian_bayes_risk", "gaussian_posterior_mean", "gd",
     "independent_tasks_bayes_risk", "kalman_bayes_risk", "kalman_filter", "kalman_posterior_mean", "least_squares",
     "lms", "lms_risk", "mc_risk", "mean_and_se", "mhsa_bayes_risk", "mhsa_posterior_mean", "multitask_bayes_risk",
     "multitask_posterior_mean", "on_prompts", "pool_posterior", "pool_posterior_mean", "prediction_gap",

@@ -7,6 +7,7 @@
 - :mod:`iclab.tasks.pool`: linear regression whose tasks come from a finite pool of M (task diversity).
 - :mod:`iclab.tasks.state_space`: a task drifting as a linear-Gaussian state-space process (AR(1), rotation,
   trend), with its exact autocovariance.
+- :mod:`iclab.tasks.switching`: a task redrawn from its prior at random switches inside the prompt (changepoints).
 
 Submodules load on first access (``iclab.tasks.drift``); :func:`standard_normal` and :func:`rbg_key`
 are the fast Gaussian draws every sampler uses inside jitted loops.
@@ -16,8 +17,9 @@ import importlib
 
 from iclab.tasks._random import rbg_key, standard_normal
 
-_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool", "state_space")
-__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal", "state_space"]
+_SUBMODULES = ("drift", "linreg", "multitask", "multitask_regression", "pool", "state_space", "switching")
+__all__ = ["drift", "linreg", "multitask", "multitask_regression", "pool", "rbg_key", "standard_normal", "state_space",
+           "switching"]
 
 
 def __getattr__(name):
