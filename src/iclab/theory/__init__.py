@@ -1,9 +1,11 @@
-"""Closed-form theory, one module per paper; nothing here trains a model.
+"""Closed-form theory, one module per paper (and per setting beyond them); nothing here trains a model.
 
 - :mod:`iclab.theory.linattn`: linear attention training dynamics (Zhang, Singh, Latham, Saxe).
 - :mod:`iclab.theory.wpgd`: gated linear attention as weighted preconditioned GD (gating).
 - :mod:`iclab.theory.drift`: GLA with a forget factor under AR(1) task drift (drift).
 - :mod:`iclab.theory.mhsa`: multi-head softmax attention dynamics and optimality (mhsa).
+- :mod:`iclab.theory.task_diversity`: the linear in-context predictor on a finite task pool (Raventós et al. 2023;
+  the ``lab`` experiments, beyond the four papers).
 
 Submodules load on first access (``iclab.theory.wpgd``), so importing one paper's theory does
 not pay for scipy.optimize and the others.
@@ -11,7 +13,7 @@ not pay for scipy.optimize and the others.
 
 import importlib
 
-__all__ = ["drift", "linattn", "mhsa", "wpgd"]
+__all__ = ["drift", "linattn", "mhsa", "task_diversity", "wpgd"]
 
 
 def __getattr__(name):
