@@ -51,14 +51,16 @@ PAPER_TITLES = {
               "Fazel, Oymak)",
     "drift": "Learning to adapt: in-context learning beyond stationarity",
     "mhsa": "Training dynamics of multi-head softmax attention for in-context learning (Chen, Sheen, Wang, Yang)",
+    "lab": "Beyond the four papers: settings none of them runs, on iclab's models and theory",
 }
 PAPER_LINKS = {
     "linattn": "https://arxiv.org/abs/2501.16265",
     "gating": "https://arxiv.org/abs/2504.04308",
     "drift": "https://openreview.net/forum?id=giA3v1Lo0G",
     "mhsa": "https://arxiv.org/abs/2402.19442",
+    "lab": "https://arxiv.org/abs/2306.15063",
 }
-THEORY = {"linattn": "linattn", "gating": "wpgd", "drift": "drift", "mhsa": "mhsa"}
+THEORY = {"linattn": "linattn", "gating": "wpgd", "drift": "drift", "mhsa": "mhsa", "lab": "task_diversity"}
 BENCH_MARKER = "<!-- iclab: measured benchmarks -->"
 TABLE_MARKER = "<!-- iclab: experiments table -->"
 TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family")
