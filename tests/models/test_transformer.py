@@ -1,5 +1,6 @@
 """The standard transformer (iclab.models.transformer): its batched form against the per-token loop, outputs and
-gradients in float64; causality; and training on in-context linear regression towards the Bayes risk."""
+gradients in float64; causality; every task's tokens against hand-built prompts, and per task, that no read-out sees
+the label it predicts; and training on in-context linear regression towards the Bayes risk (slow)."""
 
 import jax
 import jax.numpy as jnp
@@ -179,3 +180,51 @@ def test_no_read_out_sees_the_label_it_predicts(task):
     if task == "drift":
         np.testing.assert_array_equal(family.predict(params, pr._replace(y=pr.y.at[:, -1].add(5.0))),
                                       family.predict(params, pr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training towards the Bayes risk.
+
+
+@pytest.mark.slow
+def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
+    """Linreg with D = 5, N = 10, x ~ N(0, I/5), tasks w ~ N(0, I), noise σ² = 0.05 (so E y² = 1): the transformer
+    trained by Adam on fresh prompts (one call, float32) against the Bayes predictor of this prior, the ridge
+    posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on the
+    noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
+
+    What it reaches, and what it does not: in this budget (6000 Adam steps of 64 prompts, width 32, two blocks; a
+    few CPU minutes) the transformer leaves the plateau of ŷ = 0 and its held-out error falls to about 0.55 of the
+    context-free error (SE about 0.007), about 10× the Bayes risk (0.053); it does NOT come within 1.3× of it. With
+    GPT-2's init (w_init = 0.02), with lr 3e-3 or 5e-4, or with a third block, it had not left the plateau after
+    6000 steps; with w_init = 0.3 or 0.5 it left it less far (0.84 and 0.99 of the context-free error). So this test
+    asserts what the budget reaches: the error is well below ignoring the context (at most 0.75 of it: the measured
+    0.544 lies 27 SE below that bound, and a model that learns nothing from the context, 0.995 with SE 0.013, lies
+    20 SE above it), and it is not below the Bayes risk (4 SE: a lower error would mean the target leaks into the
+    tokens)."""
+    import optax
+
+    from iclab.baselines import gaussian_bayes_risk, mean_and_se
+    from iclab.engines import train_family
+    from iclab.tasks import pool
+
+    D, N, sigma2 = 5, 10, 0.05
+    Lam = jnp.eye(D) / D
+    steps, lr = 6000, 1e-3
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, 0.05 * lr)
+    sizes = dict(D=D, H=2, width=32, layers=2, w_init=0.2)
+    tr = train_family("transformer", lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 64, sigma2=sigma2),
+                      sizes=sizes, lr=schedule, steps=steps, optimizer=optax.scale_by_adam(), dtype=jnp.float32,
+                      record_every=steps // 10, seed=1)
+    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params["transformer"])
+    held_out = pool.sample_pool_prompts(jax.random.PRNGKey(123), Lam, N, 20_000, sigma2=sigma2)
+    predict = jax.jit(tf.predict)
+    y_hat = jnp.concatenate([predict(params, jax.tree_util.tree_map(lambda a: a[i:i + 2000].astype(jnp.float32),
+                                                                    held_out)) for i in range(0, 20_000, 2000)])
+    clean = jnp.einsum("pd,pd->p", held_out.w, held_out.x_q)
+    error = mean_and_se(np.asarray((y_hat - clean) ** 2, np.float64))
+    bayes = mean_and_se(np.asarray(gaussian_bayes_risk(held_out.x, Lam=Lam, sigma2=sigma2)))
+    no_context = float(jnp.mean(clean ** 2))  # ŷ = 0, the best predictor that ignores the context: E (wᵀx_q)² = 1
+    ratio = float(error.mean / bayes.mean)
+    assert float(error.mean) <= 0.75 * no_context, (float(error.mean), no_context, ratio)
+    assert float(error.mean) >= float(bayes.mean) - 4 * float(np.hypot(error.se, bayes.se)), (error, bayes)
