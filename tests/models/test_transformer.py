@@ -1,5 +1,6 @@
 """The standard transformer (iclab.models.transformer): its batched form against the per-token loop, outputs and
-gradients in float64; causality; and training on in-context linear regression towards the Bayes risk."""
+gradients in float64; causality; every task's tokens against hand-built prompts, and per task, that no read-out sees
+the label it predicts; and training on in-context linear regression towards the Bayes risk (slow)."""
 
 import jax
 import jax.numpy as jnp
@@ -69,3 +70,161 @@ def test_tokens_and_the_registered_family():
         tf.init_transformer(jax.random.PRNGKey(0), D=2, H=3, width=8)
     with pytest.raises(ValueError, match="positional embeddings"):
         tf.outputs(tf.init_transformer(jax.random.PRNGKey(0), D=2, max_tokens=3), Z[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Every task's tokens (hand-built small prompts), and causality through each task's family.
+
+
+def test_prompt_layout_positions():
+    plain = tf.prompt_layout(2)
+    assert plain.inputs.tolist() == [0, 2] and plain.labels.tolist() == [1, 3] and plain.markers.tolist() == []
+    assert (plain.query, plain.length) == (4, 5)
+    blocks = tf.prompt_layout(4, 2)  # x1 y1 x2 y2 | x3 y3 x4 y4 | xq
+    assert blocks.inputs.tolist() == [0, 2, 5, 7] and blocks.labels.tolist() == [1, 3, 6, 8]
+    assert blocks.markers.tolist() == [4, 9] and (blocks.query, blocks.length) == (10, 11)
+    with pytest.raises(ValueError, match="divisor of n = 3"):
+        tf.prompt_layout(3, 2)
+
+
+def test_linreg_and_pool_tokens_by_hand():
+    from iclab.tasks import pool
+
+    x, y, x_q = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([10.0, 20.0]), np.array([5.0, 6.0])
+    expected = [[1, 2, 0], [0, 0, 10], [3, 4, 0], [0, 0, 20], [5, 6, 0]]
+    np.testing.assert_array_equal(tf.linreg_tokens(x, y, x_q), expected)
+    # the pools' prompts are linreg's: the same tokens
+    pr = pool.sample_pool_prompts(jax.random.PRNGKey(0), jnp.eye(2), 2, 3, pool=jnp.ones((1, 2)), sigma2=0.1)
+    Z = np.asarray(tf.linreg_tokens(pr.x, pr.y, pr.x_q))
+    for p in range(3):
+        np.testing.assert_array_equal(Z[p], [[*pr.x[p, 0], 0], [0, 0, pr.y[p, 0]], [*pr.x[p, 1], 0],
+                                             [0, 0, pr.y[p, 1]], [*pr.x_q[p], 0]])
+
+
+def test_multitask_tokens_by_hand():
+    x, y, x_q = np.array([[1.0], [2.0], [3.0], [4.0]]), np.array([10.0, 20.0, 30.0, 40.0]), np.array([5.0])
+    expected = [[1, 0, 0, 0], [0, 10, 0, 0], [2, 0, 0, 0], [0, 20, 0, 0], [0, 0, 1, 0],   # block 1, delimiter e_1
+                [3, 0, 0, 0], [0, 30, 0, 0], [4, 0, 0, 0], [0, 40, 0, 0], [0, 0, 0, 1],   # block 2, delimiter e_2
+                [5, 0, 0, 0]]                                                             # the query
+    np.testing.assert_array_equal(tf.multitask_tokens(x, y, x_q, 2), expected)
+    batch = tf.multitask_tokens(np.stack([x, 2 * x]), np.stack([y, 2 * y]), np.stack([x_q, 2 * x_q]), 2)
+    doubled = np.asarray(expected, float)
+    doubled[:, :2] *= 2  # twice the data, the delimiters still 1
+    np.testing.assert_array_equal(batch[0], expected)
+    np.testing.assert_array_equal(batch[1], doubled)
+
+
+def test_drift_tokens_by_hand():
+    from iclab.tasks.drift import DriftPrompts
+
+    pr = DriftPrompts(x=np.array([[[1.0], [2.0], [3.0]]]), y=np.array([[10.0, 20.0, 30.0]]), w=np.zeros((1, 3, 1)))
+    # y_3 = 30, the target, is in no token
+    np.testing.assert_array_equal(tf.drift_tokens(pr)[0], [[1, 0], [0, 10], [2, 0], [0, 20], [3, 0]])
+
+
+def test_multitask_regression_tokens_by_hand():
+    X = np.array([[1.0, 3.0], [2.0, 4.0]])      # columns x_1 = (1, 2), x_2 = (3, 4)
+    Y = np.array([[10.0, 30.0], [20.0, 40.0]])  # columns y_1 = (10, 20), y_2 = (30, 40)
+    q = np.array([5.0, 6.0])
+    expected = [[1, 2, 0, 0], [0, 0, 10, 20], [3, 4, 0, 0], [0, 0, 30, 40], [5, 6, 0, 0]]
+    np.testing.assert_array_equal(tf.multitask_regression_tokens(X, Y, q), expected)
+
+
+def _task_batch(task, key, P=2):
+    """A small batch of each task, its transformer family's init sizes, its tokens and its layout."""
+    from iclab.tasks import drift, multitask, multitask_regression, pool
+
+    if task == "linreg":
+        pr = linreg.sample_prompts(key, jnp.eye(2), 4, P)
+        return pr, dict(D=2), lambda b: tf.linreg_tokens(b.x, b.y, b.x_q), tf.prompt_layout(4)
+    if task == "pool":
+        pr = pool.sample_pool_prompts(key, jnp.eye(2), 4, P, pool=pool.sample_pool(jax.random.PRNGKey(9), 3, 2),
+                                      sigma2=0.1)
+        return pr, dict(D=2), lambda b: tf.linreg_tokens(b.x, b.y, b.x_q), tf.prompt_layout(4)
+    if task == "multitask":
+        pr = multitask.sample_multitask(key, P, [2, 2], np.eye(2), np.array([0.6, 0.3]), 2)
+        return pr, dict(d=2, K=2), lambda b: tf.multitask_tokens(b.x, b.y, b.x_query, 2), tf.prompt_layout(4, 2)
+    if task == "drift":
+        pr = drift.sample_drift_prompts(key, P, gamma=0.9, sigma_w2=1.0, sigma_e2=0.19, n=4, Lam=jnp.eye(2))
+        return pr, dict(d=2), tf.drift_tokens, tf.prompt_layout(4)
+    ts = multitask_regression.homogeneous(2, 1, sigma=0.1)
+    pr = multitask_regression.sample_prompts(key, ts, 4, P)
+    return pr, dict(d=2, d_y=2), lambda b: tf.multitask_regression_tokens(b.X, b.Y, b.q), tf.prompt_layout(4)
+
+
+def _with_label(task, pr, j, value):
+    """The batch with context label j (and nothing else) set to ``value``."""
+    if task == "multitask_regression":
+        return pr._replace(Y=pr.Y.at[:, :, j].set(value))
+    return pr._replace(y=pr.y.at[:, j].set(value))
+
+
+TASKS = ("linreg", "pool", "multitask", "drift", "multitask_regression")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_no_read_out_sees_the_label_it_predicts(task):
+    """Changing context label j changes no read-out before its token, in particular not the one at x_j's token,
+    which predicts it; it changes the query's prediction (the label is read). The family's predict is the read-out
+    at the query; drift's target y_{n+1} is in no token."""
+    pr, sizes, tokens, layout = _task_batch(task, jax.random.PRNGKey(1))
+    family = tf.FAMILIES["linreg" if task == "pool" else task]
+    params = family.init(jax.random.PRNGKey(2), H=2, w_init=0.5, layers=2, width=8, **sizes)
+    base = tf.outputs(params, tokens(pr))
+    assert base.shape[1] == layout.length
+    np.testing.assert_array_equal(family.predict(params, pr), base[:, layout.query])
+    for j in range(len(layout.labels)):
+        moved = tf.outputs(params, tokens(_with_label(task, pr, j, 3.0)))
+        np.testing.assert_array_equal(moved[:, :layout.labels[j]], base[:, :layout.labels[j]])
+        assert np.all(np.abs(np.asarray(moved[:, layout.query] - base[:, layout.query])) > 0)
+    if task == "drift":
+        np.testing.assert_array_equal(family.predict(params, pr._replace(y=pr.y.at[:, -1].add(5.0))),
+                                      family.predict(params, pr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training towards the Bayes risk.
+
+
+@pytest.mark.slow
+def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
+    """Linreg with D = 5, N = 10, x ~ N(0, I/5), tasks w ~ N(0, I), noise σ² = 0.05 (so E y² = 1): the transformer
+    trained by Adam on fresh prompts (one call, float32) against the Bayes predictor of this prior, the ridge
+    posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on the
+    noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
+
+    What it reaches, and what it does not: in this budget (6000 Adam steps of 64 prompts, width 32, two blocks; a
+    few CPU minutes) the transformer leaves the plateau of ŷ = 0 and its held-out error falls to about 0.55 of the
+    context-free error (SE about 0.007), about 10× the Bayes risk (0.053); it does NOT come within 1.3× of it. With
+    GPT-2's init (w_init = 0.02), with lr 3e-3 or 5e-4, or with a third block, it had not left the plateau after
+    6000 steps; with w_init = 0.3 or 0.5 it left it less far (0.84 and 0.99 of the context-free error). So this test
+    asserts what the budget reaches: the error is well below ignoring the context (at most 0.75 of it: the measured
+    0.544 lies 27 SE below that bound, and a model that learns nothing from the context, 0.995 with SE 0.013, lies
+    20 SE above it), and it is not below the Bayes risk (4 SE: a lower error would mean the target leaks into the
+    tokens)."""
+    import optax
+
+    from iclab.baselines import gaussian_bayes_risk, mean_and_se
+    from iclab.engines import train_family
+    from iclab.tasks import pool
+
+    D, N, sigma2 = 5, 10, 0.05
+    Lam = jnp.eye(D) / D
+    steps, lr = 6000, 1e-3
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, 0.05 * lr)
+    sizes = dict(D=D, H=2, width=32, layers=2, w_init=0.2)
+    tr = train_family("transformer", lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 64, sigma2=sigma2),
+                      sizes=sizes, lr=schedule, steps=steps, optimizer=optax.scale_by_adam(), dtype=jnp.float32,
+                      record_every=steps // 10, seed=1)
+    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params["transformer"])
+    held_out = pool.sample_pool_prompts(jax.random.PRNGKey(123), Lam, N, 20_000, sigma2=sigma2)
+    predict = jax.jit(tf.predict)
+    y_hat = jnp.concatenate([predict(params, jax.tree_util.tree_map(lambda a: a[i:i + 2000].astype(jnp.float32),
+                                                                    held_out)) for i in range(0, 20_000, 2000)])
+    clean = jnp.einsum("pd,pd->p", held_out.w, held_out.x_q)
+    error = mean_and_se(np.asarray((y_hat - clean) ** 2, np.float64))
+    bayes = mean_and_se(np.asarray(gaussian_bayes_risk(held_out.x, Lam=Lam, sigma2=sigma2)))
+    no_context = float(jnp.mean(clean ** 2))  # ŷ = 0, the best predictor that ignores the context: E (wᵀx_q)² = 1
+    ratio = float(error.mean / bayes.mean)
+    assert float(error.mean) <= 0.75 * no_context, (float(error.mean), no_context, ratio)
+    assert float(error.mean) >= float(bayes.mean) - 4 * float(np.hypot(error.se, bayes.se)), (error, bayes)

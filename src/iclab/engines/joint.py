@@ -23,6 +23,10 @@ are stacked along leading member axes (e.g. (panel, n̄)); different groups may 
 so a subset of the members (a group with fewer ids and their settings) trained alone follows the
 same trajectory, to float rounding, as inside the full grid, provided the sampler's batch does not
 depend on which members train: the base for sharding a figure across machines.
+
+:func:`train_family` is the one call for one registered model family on a task's sampler: it builds the group
+(:func:`family_members`, the family's own target), initialises it and casts params and batches to one dtype
+(float32 or float64), and trains it by :func:`train_members`.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ import optax
 
 from iclab.engines._descent import Schedule, descend
 from iclab.engines._loop import Trajectory
+from iclab.errors import ConfigError
 from iclab.models import ModelFamily, get_model
 from iclab.progress import Reporter, task
 
 __all__ = ["Members", "clip_by_member_norm", "each_member", "family_members", "group_losses", "init_members",
-           "member_keys", "seed_keys", "train_members"]
+           "member_keys", "seed_keys", "train_family", "train_members"]
 
 
 class Members(NamedTuple):
@@ -124,7 +129,7 @@ def family_members(family: ModelFamily | str, ids, *, sizes: Mapping[str, Any], 
         sizes: the keywords of ``family.init`` besides the key (a linreg family: D, H, R, w_init; others as they
             document).
         settings: {option: (*shape,) values} of ``family.predict``'s options, one per member (None: none).
-        target: ``batch -> (P,)`` targets (default: ``batch.y_q``).
+        target: ``batch -> (P,)`` targets (default: the family's ``target``, else ``batch.y_q``).
     Returns:
         :class:`Members` for :func:`train_members`.
     """
@@ -140,7 +145,7 @@ def family_members(family: ModelFamily | str, ids, *, sizes: Mapping[str, Any], 
             raise ValueError(f"settings[{name!r}] must have the members' shape {ids.shape} in front "
                              f"(got {np.shape(value)})")
     sizes = dict(sizes)
-    targets = target or (lambda batch: batch.y_q)
+    targets = target or family.target or (lambda batch: batch.y_q)
 
     def init(key, setting):
         return family.init(key, **sizes)
@@ -311,3 +316,75 @@ def train_members(
         return descend(objective, params0, aux, lr=lr, n_steps=n_steps, optimizer=optimizer, key=data_keys,
                        record_every=record_every, metrics=dict(metrics or {}), record_params=record_params,
                        batched=True, callback=cb, observation=observation if record_member_loss else None)
+
+
+def _cast_floats(tree, dtype):
+    return jax.tree_util.tree_map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, tree)
+
+
+def train_family(
+    family: ModelFamily | str,
+    sampler: Callable[[jax.Array, Any], Any],
+    *,
+    sizes: Mapping[str, Any],
+    lr: Schedule,
+    steps: int,
+    seeds: int = 1,
+    seed: int = 0,
+    optimizer: optax.GradientTransformation | None = None,
+    settings: Mapping[str, Any] | None = None,
+    dtype=jnp.float64,
+    clip_norm: float | None = None,
+    record_every: int = 1,
+    aux: Any = None,
+    metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+    record_params: bool = False,
+    target: Callable[[Any], jax.Array] | None = None,
+    reporter: Reporter | None = None,
+) -> Trajectory:
+    """Trains one registered model family on a task's sampler: M members (M = 1, or one per entry of ``settings``)
+    and ``seeds`` seeds, each on the mean squared error of its prediction, one fresh shared batch per step.
+
+    The members are ``family_members(family, arange(M), sizes=sizes, settings=settings, target=target)``; their
+    params (``init_members`` at key_s = fold_in(PRNGKey(seed), s)) and every floating leaf of each batch are cast
+    to ``dtype``, and :func:`train_members` trains them under the group name ``family.name``.
+
+    Args:
+        family: a registered :class:`iclab.models.ModelFamily`, or its name.
+        sampler: ``sampler(key, aux) -> batch`` of prompts of the family's task (e.g.
+            ``lambda key, aux: linreg.sample_prompts(key, Lam, N, P)``).
+        sizes: the keywords of ``family.init`` besides the key.
+        lr: a float or a schedule step -> lr; t = Σ lr.
+        steps: optimiser steps (≥ 1).
+        seeds: independent seeds S (≥ 1), vmapped; seed: the base seed.
+        optimizer: the update direction without learning rate (None: plain GD; ``optax.scale_by_adam()``: Adam).
+        settings: {option: (M,) values} of ``family.predict``'s options, one per member (None: one member).
+        dtype: the params' and the batches' float dtype (``jnp.float32`` or ``jnp.float64``).
+        clip_norm, record_every, aux, metrics, record_params, reporter: as :func:`train_members`.
+        target: ``batch -> targets`` (None: the family's own).
+    Raises:
+        ConfigError: steps or seeds not a positive integer, or a dtype other than float32 and float64 (one line).
+    Returns:
+        The Trajectory of :func:`train_members`: ``loss`` (S, T) the members' summed loss of the batch the next step
+        uses, ``metrics["member_loss"][family.name]`` (S, T, M) each member's, ``final_params[family.name]`` with
+        leading (S, M) axes.
+    """
+    family = get_model(family) if isinstance(family, str) else family
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ConfigError(f"train_family: steps must be an integer ≥ 1 (got {steps!r})")
+    if not isinstance(seeds, (int, np.integer)) or seeds < 1:
+        raise ConfigError(f"train_family: seeds must be an integer ≥ 1 (got {seeds!r})")
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise ConfigError(f"train_family: dtype must be float32 or float64 (got {jnp.dtype(dtype).name})")
+    members = len(np.asarray(next(iter(settings.values())))) if settings else 1
+    group = family_members(family, np.arange(members), sizes=sizes, settings=settings, target=target)
+    keys = seed_keys(seed, seeds)
+    params0 = {family.name: _cast_floats(init_members(group, keys), dtype)}
+
+    def cast_sampler(key, aux):
+        return _cast_floats(sampler(key, aux), dtype)
+
+    return train_members({family.name: group}, cast_sampler, keys=keys, lr=lr, n_steps=int(steps),
+                         optimizer=optimizer, clip_norm=clip_norm, record_every=record_every, aux=aux, metrics=metrics,
+                         record_params=record_params, params0=params0, reporter=reporter, label=family.name)

@@ -6,7 +6,8 @@
 - :mod:`iclab.models.gla_forget`: GLA with a forget factor λ on drifting-task prompts (drift).
 - :mod:`iclab.models.mhsa`: multi-head softmax attention and its spectral (decomposable) form (mhsa).
 - :mod:`iclab.models.transformer`: a GPT-2-style transformer over (x, y) tokens (Garg et al. 2022), beside
-  the theory models.
+  the theory models: one family per task (``transformer``, ``transformer_multitask``, ``transformer_drift``,
+  ``transformer_multitask_regression``), each reading its task's batch.
 - :mod:`iclab.models.gpt2_gla`: GPT-2 with (gated) linear attention (torch; the ``llm`` extra).
 
 A model family (:class:`ModelFamily`) bundles a module's init, prediction and reduced forms behind one

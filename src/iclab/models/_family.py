@@ -44,6 +44,9 @@ class ModelFamily:
             ``init`` takes an extra ``full_scale`` for the blocks that never reach ŷ_q), or None.
         options: names of the keyword options ``predict`` takes (e.g. ``("rho",)``).
         description: one line, in the paper's terms.
+        target: optional ``batch -> targets`` of the shape of ``predict``'s output, what it is trained to predict
+            (None: ``batch.y_q``, the linreg prompts' query label): a family of a task whose batch keeps its
+            target elsewhere names it here (e.g. drift's y_{n+1}, ``batch.y[..., -1]``).
     """
 
     name: str
@@ -56,6 +59,7 @@ class ModelFamily:
     full_form: str | None = None
     options: tuple[str, ...] = ()
     description: str = ""
+    target: Callable[[Any], Any] | None = None
 
     def __post_init__(self):
         if not self.name.isidentifier():

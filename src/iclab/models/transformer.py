@@ -19,30 +19,57 @@ prediction of every label (Garg et al.'s loss) or of the query's alone.
 :func:`naive_outputs` is its reference: a plain loop over tokens and heads, each token attending to the ones
 before it by an explicit softmax. tests/models/test_transformer.py compares outputs and gradients in float64.
 
+Every iclab task is read the same way (:func:`prompt_layout` says where each part lies, 0-based): an input x_n is
+the token [x_n; 0], its label the next token [0; y_n], the query [x_q; 0] comes last, and the read-out at a
+token predicts the label that follows it, so the causal mask lets no read-out see the label it predicts. One
+registered family per task, each reading that task's own batch and declaring its own target
+(:attr:`iclab.models.ModelFamily.target`), so that :func:`iclab.engines.train_family` trains any of them by one
+call; the existing ``task == "linreg"`` of the linreg engines is kept:
+
+- ``transformer`` (task ``linreg``): :class:`iclab.tasks.linreg.Prompts`, hence also the finite task pools of
+  :mod:`iclab.tasks.pool` (the same prompts); tokens of width D + 1 (:func:`linreg_tokens`); target y_q.
+- ``transformer_multitask`` (task ``multitask``): :class:`iclab.tasks.multitask.MultitaskPrompts` (gating,
+  Sec 5.1), K equal blocks of n/K samples (K read from ``tasks``; Def 1's prompts are K = n blocks of one), block
+  k followed by a delimiter token whose own channel marks it, [0_d; 0; e_k], as eq 19's delimiters d_k =
+  [0; 0; c̄_k] with one-hot contexts; tokens of width d + 1 + K (:func:`multitask_tokens`); target y_{n+1}.
+- ``transformer_drift`` (task ``drift``): :class:`iclab.tasks.drift.DriftPrompts` (eqs 2-4), the n labelled
+  pairs and the query x_{n+1} as linreg's tokens (:func:`drift_tokens`); target y_{n+1}, the query's label
+  alone, as the drift experiments train their GLA (an online predictor of every label is the read-out at every
+  input token, ``outputs(params, Z)[..., prompt_layout(n).inputs]``).
+- ``transformer_multitask_regression`` (task ``multitask_regression``):
+  :class:`iclab.tasks.multitask_regression.MultitaskPrompts` (mhsa, eq 2.4), the columns of X and Y as tokens
+  [x_l; 0_{d_y}] and [0_d; y_l] (:func:`multitask_regression_tokens`), read out by a (E, d_y) map; target the
+  vector y_q = Gᵀq (the training loss is the mean over the P · d_y entries of (ŷ − y_q)²).
+
 Params (one model; the L blocks stacked on a leading axis): ``read_in`` (D+1, E) and ``read_in_bias`` (E,),
 ``positions`` (T_max, E) (T_max = 0: none), ``blocks`` {``ln1_scale``, ``ln1_bias``, ``ln2_scale``,
 ``ln2_bias`` (L, E), ``qkv`` (L, E, 3, H, E/H), ``qkv_bias`` (L, 3, H, E/H), ``proj`` (L, H, E/H, E),
 ``proj_bias`` (L, E),
 ``mlp_in`` (L, E, 4E), ``mlp_in_bias`` (L, 4E), ``mlp_out`` (L, 4E, E), ``mlp_out_bias`` (L, E)},
-``ln_scale``, ``ln_bias`` (E,), ``read_out`` (E,) and ``read_out_bias`` (). The heads are read from the shapes.
+``ln_scale``, ``ln_bias`` (E,), ``read_out`` (E,) and ``read_out_bias`` () (or (E, d_y) and (d_y,) for d_y
+outputs per token). The heads are read from the shapes.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from iclab.models._family import ModelFamily, register_model
 
-__all__ = ["FAMILY", "init_transformer", "linreg_tokens", "naive_outputs", "outputs", "predict"]
+__all__ = ["FAMILY", "FAMILIES", "Layout", "drift_tokens", "init_transformer", "linreg_tokens", "multitask_regression_tokens",
+           "multitask_tokens", "naive_outputs", "outputs", "predict", "predict_drift", "predict_multitask",
+           "predict_multitask_regression", "prompt_layout"]
 
 LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
 
 
 def init_transformer(key: jax.Array, *, D: int, H: int = 2, layers: int = 2, width: int = 32, w_init: float = 0.02,
-                     max_tokens: int = 0, R: int = 1, dtype=jnp.float64) -> dict:
+                     max_tokens: int = 0, out_dim: int | None = None, R: int = 1, dtype=jnp.float64) -> dict:
     """GPT-2's initialisation: weights N(0, w_init²), the blocks' output projections N(0, w_init²/(2L)), biases
     0, LayerNorm scales 1.
 
@@ -54,6 +81,7 @@ def init_transformer(key: jax.Array, *, D: int, H: int = 2, layers: int = 2, wid
         width: the residual stream's width E.
         w_init: the weights' standard deviation (GPT-2: 0.02).
         max_tokens: length of the learned positional embeddings (0: none; else at least the prompt's 2N + 1).
+        out_dim: None for one read-out per token (``read_out`` (E,)), else d_y ≥ 1 of them (``read_out`` (E, d_y)).
         R: ignored (the linreg families' init keywords).
         dtype: the params' dtype.
     Returns:
@@ -62,6 +90,8 @@ def init_transformer(key: jax.Array, *, D: int, H: int = 2, layers: int = 2, wid
     del R
     if layers < 1 or H < 1 or width < 1 or width % H:
         raise ValueError(f"width {width} must be a positive multiple of H = {H}, and layers ≥ 1 (got {layers})")
+    if out_dim is not None and out_dim < 1:
+        raise ValueError(f"out_dim must be None or ≥ 1 (got {out_dim})")
     E, L = width, layers
     k = iter(jax.random.split(key, 8))
 
@@ -79,7 +109,8 @@ def init_transformer(key: jax.Array, *, D: int, H: int = 2, layers: int = 2, wid
                    "mlp_in": normal((L, E, 4 * E), w_init), "mlp_in_bias": zeros(L, 4 * E),
                    "mlp_out": normal((L, 4 * E, E), out_std), "mlp_out_bias": zeros(L, E)},
         "ln_scale": ones(E), "ln_bias": zeros(E),
-        "read_out": normal((E,), w_init), "read_out_bias": zeros(),
+        "read_out": normal((E,) if out_dim is None else (E, out_dim), w_init),
+        "read_out_bias": zeros() if out_dim is None else zeros(out_dim),
     }
 
 
@@ -130,8 +161,8 @@ def outputs(params: dict, Z: jax.Array) -> jax.Array:
         params: one model's params (:func:`init_transformer`).
         Z: (..., T, D + 1) tokens (:func:`linreg_tokens`).
     Returns:
-        (..., T) read-outs; position 2n (0-based) predicts y_{n+1} from x_1..x_{n+1} and the labels before it, the
-        last position predicts y_q.
+        (..., T) read-outs ((..., T, d_y) with a (E, d_y) read-out); position 2n (0-based) predicts y_{n+1} from
+        x_1..x_{n+1} and the labels before it, the last position predicts y_q (:func:`prompt_layout`).
     """
     h = _read_in(params, Z)
     T = h.shape[-2]
@@ -159,7 +190,7 @@ def naive_outputs(params: dict, Z: jax.Array) -> jax.Array:
         params: one model's params.
         Z: (T, D + 1) tokens of ONE prompt.
     Returns:
-        (T,) read-outs.
+        (T,) read-outs ((T, d_y) with a (E, d_y) read-out).
     """
     T = Z.shape[0]
     b = params["blocks"]
@@ -194,6 +225,110 @@ def naive_outputs(params: dict, Z: jax.Array) -> jax.Array:
                       for r in rows])
 
 
+class Layout(NamedTuple):
+    """Where each part of a prompt lies in its token sequence (0-based positions, static).
+
+    Attributes:
+        inputs: (n,) the token of x_n, whose read-out predicts y_n (an online prediction of every label).
+        labels: (n,) the token of y_n, right after x_n's.
+        markers: (K,) the delimiter after each of K blocks (multitask), or (0,).
+        query: the query's token, the last; its read-out predicts the target.
+        length: T, the number of tokens.
+    """
+
+    inputs: np.ndarray
+    labels: np.ndarray
+    markers: np.ndarray
+    query: int
+    length: int
+
+
+def prompt_layout(n: int, blocks: int = 0) -> Layout:
+    """The token positions of a prompt of n labelled pairs: x_1, y_1, …, x_n, y_n, x_q, with, for ``blocks`` = K
+    > 0, K equal blocks of n/K pairs each followed by its delimiter (T = 2n + K + 1).
+
+    Args:
+        n: labelled pairs (≥ 0).
+        blocks: K ≥ 1 delimited blocks dividing n, or 0 for none.
+    Returns:
+        The :class:`Layout`.
+    """
+    if n < 0 or blocks < 0 or (blocks and n % blocks):
+        raise ValueError(f"blocks must be 0 or a positive divisor of n = {n} (got {blocks})")
+    size = n // blocks if blocks else n
+    inputs, markers, pos = [], [], 0
+    for j in range(n):
+        inputs.append(pos)
+        pos += 2
+        if blocks and (j + 1) % size == 0:
+            markers.append(pos)
+            pos += 1
+    inputs = np.asarray(inputs, dtype=int)
+    return Layout(inputs, inputs + 1, np.asarray(markers, dtype=int), pos, pos + 1)
+
+
+def _place(layout: Layout, channels: int, x, labels, x_q, markers=None) -> jax.Array:
+    """Tokens of ``layout``: x (..., n, a) in channels [0, a) of the inputs, labels (..., n, b) in channels [a, a + b)
+    of the labels, x_q (..., a) at the query, and a one-hot marker in channel a + b + k of delimiter k."""
+    a, b = x.shape[-1], labels.shape[-1]
+    Z = jnp.zeros(x.shape[:-2] + (layout.length, channels), x.dtype)
+    Z = Z.at[..., layout.inputs, :a].set(x).at[..., layout.labels, a:a + b].set(labels)
+    Z = Z.at[..., layout.query, :a].set(x_q)
+    if len(layout.markers):
+        Z = Z.at[..., layout.markers, a + b + np.arange(len(layout.markers))].set(1.0)
+    return Z
+
+
+def multitask_tokens(x: jax.Array, y: jax.Array, x_query: jax.Array, K: int) -> jax.Array:
+    """The tokens of K-block prompts (gating, Sec 5.1): [x_n; 0; 0_K], [0_d; y_n; 0_K], after block k the delimiter
+    [0_d; 0; e_k], and the query [x_q; 0; 0_K] (:func:`prompt_layout` with ``blocks=K``).
+
+    Args:
+        x: (..., n, d) context inputs, the blocks in order, n/K each.
+        y: (..., n) context labels.
+        x_query: (..., d) query inputs.
+        K: the blocks (dividing n).
+    Returns:
+        (..., 2n + K + 1, d + 1 + K) tokens.
+    """
+    x, y, x_query = jnp.asarray(x), jnp.asarray(y), jnp.asarray(x_query)
+    layout = prompt_layout(x.shape[-2], K)
+    return _place(layout, x.shape[-1] + 1 + K, x, y[..., None], x_query)
+
+
+def drift_tokens(prompts) -> jax.Array:
+    """The tokens of drifting-task prompts (:class:`iclab.tasks.drift.DriftPrompts`): the n labelled pairs and the
+    query x_{n+1} as :func:`linreg_tokens`; y_{n+1} is not in them.
+
+    Args:
+        prompts: x (..., n+1, d), y (..., n+1).
+    Returns:
+        (..., 2n + 1, d + 1) tokens.
+    """
+    x, y = jnp.asarray(prompts.x), jnp.asarray(prompts.y)
+    return linreg_tokens(x[..., :-1, :], y[..., :-1], x[..., -1, :])
+
+
+def multitask_regression_tokens(X: jax.Array, Y: jax.Array, q: jax.Array) -> jax.Array:
+    """The tokens of mhsa prompts (eq 2.4, tokens as columns there): [x_l; 0_{d_y}], [0_d; y_l], …, [q; 0_{d_y}].
+
+    Args:
+        X: (..., d, L) context covariates (columns).
+        Y: (..., d_y, L) context responses.
+        q: (..., d) queries.
+    Returns:
+        (..., 2L + 1, d + d_y) tokens.
+    """
+    X, Y, q = jnp.asarray(X), jnp.asarray(Y), jnp.asarray(q)
+    layout = prompt_layout(X.shape[-1])
+    return _place(layout, X.shape[-2] + Y.shape[-2], jnp.swapaxes(X, -1, -2), jnp.swapaxes(Y, -1, -2), q)
+
+
+def _at_query(params: dict, Z: jax.Array) -> jax.Array:
+    out = outputs(params, Z)
+    return out[..., -1] if out.ndim == Z.ndim - 1 else out[..., -1, :]
+
+
 def predict(params: dict, prompts) -> jax.Array:
     """ŷ_q of linreg-layout prompts (:class:`iclab.tasks.linreg.Prompts`, or any with x, y, x_q).
 
@@ -203,15 +338,87 @@ def predict(params: dict, prompts) -> jax.Array:
     Returns:
         (P,) predictions: the read-out at the query's token.
     """
-    return outputs(params, linreg_tokens(prompts.x, prompts.y, prompts.x_q))[..., -1]
+    return _at_query(params, linreg_tokens(prompts.x, prompts.y, prompts.x_q))
+
+
+def predict_multitask(params: dict, prompts) -> jax.Array:
+    """ŷ_{n+1} of K-block prompts (:class:`iclab.tasks.multitask.MultitaskPrompts`; K = ``tasks.shape[-2]``).
+
+    Args:
+        params: one model's params (token width d + 1 + K).
+        prompts: x (P, n, d), y (P, n), x_query (P, d), tasks (P, K, d).
+    Returns:
+        (P,) predictions: the read-out at the query's token.
+    """
+    return _at_query(params, multitask_tokens(prompts.x, prompts.y, prompts.x_query, prompts.tasks.shape[-2]))
+
+
+def predict_drift(params: dict, prompts) -> jax.Array:
+    """ŷ_{n+1} of drifting-task prompts (:class:`iclab.tasks.drift.DriftPrompts`).
+
+    Args:
+        params: one model's params (token width d + 1).
+        prompts: x (P, n+1, d), y (P, n+1).
+    Returns:
+        (P,) predictions: the read-out at x_{n+1}'s token.
+    """
+    return _at_query(params, drift_tokens(prompts))
+
+
+def predict_multitask_regression(params: dict, prompts) -> jax.Array:
+    """ŷ_q of mhsa prompts (:class:`iclab.tasks.multitask_regression.MultitaskPrompts`).
+
+    Args:
+        params: one model's params (token width d + d_y, a (E, d_y) read-out).
+        prompts: X (P, d, L), Y (P, d_y, L), q (P, d).
+    Returns:
+        (P, d_y) predictions: the read-outs at the query's token.
+    """
+    return _at_query(params, multitask_regression_tokens(prompts.X, prompts.Y, prompts.q))
+
+
+def _defaults(H: int, sizes: dict[str, Any]) -> dict[str, Any]:
+    return {"layers": 2, "width": 16 * H, **sizes}
 
 
 def _init_linreg(key, *, D, H, w_init, R=1, **sizes):
     """The registered family's init: GPT-2's (w_init is its weights' std), H heads, 2 blocks, width 16 H."""
-    return init_transformer(key, D=D, H=H, w_init=w_init, R=R, **{"layers": 2, "width": 16 * H, **sizes})
+    return init_transformer(key, D=D, H=H, w_init=w_init, R=R, **_defaults(H, sizes))
+
+
+def _init_multitask(key, *, d, K, H=2, w_init=0.02, **sizes):
+    """Tokens of width d + 1 + K (:func:`multitask_tokens`); otherwise as the linreg family."""
+    return init_transformer(key, D=d + K, H=H, w_init=w_init, **_defaults(H, sizes))
+
+
+def _init_drift(key, *, d, H=2, w_init=0.02, **sizes):
+    """Tokens of width d + 1 (:func:`drift_tokens`); otherwise as the linreg family."""
+    return init_transformer(key, D=d, H=H, w_init=w_init, **_defaults(H, sizes))
+
+
+def _init_multitask_regression(key, *, d, d_y, H=2, w_init=0.02, **sizes):
+    """Tokens of width d + d_y (:func:`multitask_regression_tokens`; D + 1 = d + d_y) and d_y read-outs."""
+    return init_transformer(key, D=d + d_y - 1, H=H, w_init=w_init, out_dim=d_y, **_defaults(H, sizes))
 
 
 FAMILY = register_model(ModelFamily(
     "transformer", "linreg", _init_linreg, predict,
     description="GPT-2-style transformer (pre-LayerNorm causal softmax attention + MLP) over (x, y) tokens, "
                 "read out at the query (Garg et al. 2022)"))
+
+#: The transformer family of each task, by task name (module docstring).
+FAMILIES: dict[str, ModelFamily] = {"linreg": FAMILY}
+for _family in (
+    ModelFamily("transformer_multitask", "multitask", _init_multitask, predict_multitask,
+                target=lambda batch: batch.y_query,
+                description="the transformer on K-block prompts with one-hot delimiters (gating Sec 5.1; "
+                            "init(key, d=, K=, ...)); ŷ_{n+1}"),
+    ModelFamily("transformer_drift", "drift", _init_drift, predict_drift, target=lambda batch: batch.y[..., -1],
+                description="the transformer on drifting-task prompts (drift eqs 2-4; init(key, d=, ...)); ŷ_{n+1}"),
+    ModelFamily("transformer_multitask_regression", "multitask_regression", _init_multitask_regression,
+                predict_multitask_regression,
+                description="the transformer on multi-task regression prompts (mhsa eq 2.4; init(key, d=, d_y=, "
+                            "...)); ŷ_q ∈ R^{d_y}"),
+):
+    FAMILIES[_family.task] = register_model(_family)
+del _family
