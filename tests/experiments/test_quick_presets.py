@@ -9,10 +9,7 @@ from iclab.launch import run_experiment
 # run under `make test-slow` (and through `iclab run`); the headline linattn.fig1's quick preset
 # runs in the default suite through the CLI (tests/test_cli.py).
 # Known failures, kept visible: strict xfail flags the day one starts passing.
-KNOWN_FAILURES: dict[str, str] = {
-    "lab.task_diversity": "within quick's 2000 steps the transformer stays on its initial plateau at M = ∞, so its "
-                          "fresh-task error is far above ridge's",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 # The experiments whose computation the backend changes: the compiled sampler and kernels of drift and gating,
 # and the moments engine's compiled form in linattn. Every other one computes the same operations under either
 # backend (its random bits are XLA's generator's, drawn by a compiled kernel or by XLA: the same bits), so CI runs
