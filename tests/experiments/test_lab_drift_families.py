@@ -1,5 +1,6 @@
 """lab.drift_families: config validation (one line per bad field), a tiny run's shapes and its checks fed known
-answers (fast), and the quick preset with its checks (slow)."""
+answers (fast), the registry of drift families (a family of one's own read through it exactly as a built-in one:
+fast, and a whole run reproduced: slow), and the quick preset with its checks (slow)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,130 @@ def test_quick_preset_passes_its_checks(seed):
     r = exp.run(config, Reporter())
     failed = [c.name for c in exp.checks(config, r) if not c.passed]
     assert not failed, failed
+
+
+# --------------------------------------------------------------------------------------------
+# The registry of drift families: a family of one's own (docs/tutorials/nonstationary.py uses it)
+
+
+@pytest.fixture
+def registry():
+    """The registry's public functions; every family registered by a test is removed after it."""
+    from iclab.experiments.lab import drift_families as df
+
+    before = set(df.drift_families())
+    yield df
+    for name in set(df.drift_families()) - before:
+        df.unregister_drift_family(name)
+
+
+def _ar1_copy(df, name="my_ar1"):
+    """AR(1) as a user would register it: its state space under a name of its own."""
+    from iclab.tasks.state_space import ar1_process
+
+    return df.register_drift_family(df.DriftFamily(
+        name, "1 − γ", domain=(0.0, 1.0), strength=lambda v: 1.0 - v,
+        process=lambda c, v: ar1_process(c.d, gamma=v, sigma_w2=c.sigma_w2, sigma_e2=(1 - v ** 2) * c.sigma_w2)))
+
+
+def test_a_registered_state_space_family_gets_ar1s_sampler_closed_form_and_kalman_filter(registry):
+    """Registered under another name, AR(1)'s state space must give the built-in row exactly: the same prompts
+    from the same key, the same autocovariance (so the same R*(λ)) and the same Bayes predictions."""
+    import jax
+    import jax.numpy as jnp
+
+    df = registry
+    _ar1_copy(df)
+    exp = get_experiment("lab.drift_families")
+    config = exp.resolve("quick", {"d": 2, "n": 6, "families": ["ar1", "my_ar1"], "ar1_gammas": [0.8],
+                                   "strengths": {"my_ar1": [0.8]}})
+    assert config.settings() == [("ar1", 0.8), ("my_ar1", 0.8)]
+    assert df.strength("my_ar1", 0.8) == df.strength("ar1", 0.8) == pytest.approx(0.2)
+    assert np.array_equal(df.autocovariance(config, "ar1", 0.8), df.autocovariance(config, "my_ar1", 0.8))
+    key = jax.random.PRNGKey(3)
+    a, b = (df.sample_row(config, f, 0.8, key, 50, jnp.float64) for f in ("ar1", "my_ar1"))
+    assert np.array_equal(np.asarray(a.y), np.asarray(b.y)) and np.array_equal(np.asarray(a.w), np.asarray(b.w))
+    for got, want in zip(df._bayes(config, "my_ar1", 0.8, b), df._bayes(config, "ar1", 0.8, a)):
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+def _switching_copy(df):
+    """The switching family's sampler, autocovariance and Bayes predictor, registered under another name."""
+    from iclab.tasks.switching import switching_autocovariance
+
+    builtin = df.get_drift_family("switching")
+    return df.register_drift_family(df.DriftFamily(
+        "my_switching", "hazard h", domain=(0.0, 1.0), sample=builtin.sample, bayes=builtin.bayes,
+        autocovariance=lambda c, v: switching_autocovariance(hazard=v, n=c.n, prior_cov=c.sigma_w2)))
+
+
+def test_a_family_without_a_state_space_is_read_through_its_own_callables(registry):
+    import jax
+    import jax.numpy as jnp
+
+    df = registry
+    _switching_copy(df)
+    config = get_experiment("lab.drift_families").resolve("quick", {"d": 2, "n": 6, "families": ["my_switching"],
+                                                                    "strengths": {"my_switching": [0.3]}})
+    assert config.settings() == [("my_switching", 0.3)] and df.strength("my_switching", 0.3) == 0.3
+    assert np.array_equal(df.autocovariance(config, "my_switching", 0.3), df.autocovariance(config, "switching", 0.3))
+    key = jax.random.PRNGKey(4)
+    a, b = (df.sample_row(config, f, 0.3, key, 50, jnp.float64) for f in ("switching", "my_switching"))
+    assert np.array_equal(np.asarray(a.y), np.asarray(b.y))
+    for got, want in zip(df._bayes(config, "my_switching", 0.3, b), df._bayes(config, "switching", 0.3, a)):
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="not a state-space family"):
+        df.state_space(config, "my_switching", 0.3)
+
+
+@pytest.mark.slow
+def test_a_family_of_ones_own_without_a_state_space_runs_like_the_built_in_one(registry, tiny):
+    """The switching family's sampler, autocovariance and Bayes predictor registered under another name, in the
+    same row of the same config: the run must reproduce the built-in run's arrays exactly (the registry adds no
+    randomness and no path of its own)."""
+    _switching_copy(registry)
+    exp, config, r = tiny
+    mine = exp.resolve("quick", {**TINY, "families": ["ar1", "rotation", "trend", "my_switching"],
+                                 "strengths": {"my_switching": TINY["hazards"]}})
+    got = exp.run(mine, Reporter())
+    assert got["families"].tolist() == ["ar1", "rotation", "trend", "my_switching"]
+    assert set(got) == set(r)
+    for k in r:
+        if k != "families":
+            assert np.array_equal(got[k], r[k]), k
+    assert [c.passed for c in exp.checks(mine, got)] == [c.passed for c in exp.checks(config, r)]
+    assert len(exp.plot(mine, got).axes) == 4
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"families": ["my_ar1"]}, "strengths: give the values of my_ar1"),
+    ({"families": ["my_ar1"], "strengths": {"my_ar1": [1.5]}}, "strengths[my_ar1] must hold 1 to 8 values in [0, 1]"),
+    ({"families": ["my_ar1"], "strengths": {"my_ar1": []}}, "strengths[my_ar1]"),
+    ({"strengths": {"ar1": [0.9]}}, "strengths: 'ar1' is not a registered family of one's own"),
+    ({"families": ["brownian"]}, "families: brownian not registered"),
+])
+def test_bad_strengths_are_refused_in_one_line(registry, over, words):
+    _ar1_copy(registry)
+    with pytest.raises(ValidationError) as err:
+        get_experiment("lab.drift_families").resolve("quick", over)
+    assert words in str(err.value)
+
+
+def test_registry_refuses_clashes_and_keeps_the_built_in_families(registry):
+    df = registry
+    mine = _ar1_copy(df)
+    assert df.get_drift_family("my_ar1") is mine
+    with pytest.raises(ValueError, match="registered already"):
+        _ar1_copy(df)
+    assert df.register_drift_family(mine) is mine  # the same object again is no clash
+    with pytest.raises(ValueError, match="built in"):
+        df.register_drift_family(df.DriftFamily("ar1", "x", process=mine.process), replace=True)
+    with pytest.raises(ValueError, match="either process"):
+        df.DriftFamily("both", "x", process=mine.process, sample=lambda *a: None)
+    with pytest.raises(ValueError, match="needs autocovariance, sample and bayes"):
+        df.DriftFamily("half", "x", sample=lambda *a: None)
+    df.unregister_drift_family("ar1")  # a built-in family stays
+    df.unregister_drift_family("my_ar1")
+    assert list(df.drift_families()) == ["ar1", "rotation", "trend", "switching"]
+    with pytest.raises(KeyError, match="registered: ar1, rotation, trend, switching"):
+        df.get_drift_family("my_ar1")

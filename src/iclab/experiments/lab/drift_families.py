@@ -23,6 +23,11 @@ from the Bayes-optimal predictor of each family, which does exploit the structur
   autocovariance (1 − h)^{|i−j|} σ_w² I is stationary AR(1)'s at γ = 1 − h: R*(λ) is the SAME for both, the
   Bayes risk is not.
 
+The families are a registry (:class:`DriftFamily`, :func:`register_drift_family`): a family of one's own, defined
+in one's own file by its state space (F, Q, P_0, H; the Kalman filter is then its Bayes predictor) or by its
+sampler, exact autocovariance and Bayes predictor, is compared beside the four above by naming it in ``families``
+with its values in ``strengths`` (the tutorial "Non-stationary tasks" of the documentation does so).
+
 Labels carry noise σ² (y_i = x_iᵀ w_i + σ ε_i, the target y_{n+1} included); risks are of the noisy target at
 the query n+1 (the position the drift experiments evaluate), no ½. Predictors, on the SAME evaluation prompts
 of each (family, strength):
@@ -38,6 +43,8 @@ of each (family, strength):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import jax
@@ -62,12 +69,7 @@ from iclab.tasks.switching import sample_switching_prompts, switching_autocovari
 from iclab.theory.nonstationary import exponential_weights_readout, exponential_weights_risk, \
     optimal_exponential_forget_factor
 
-Family = Literal["ar1", "rotation", "trend", "switching"]
 FAMILIES = ("ar1", "rotation", "trend", "switching")
-#: Per family: the config field of its two drift strengths, and the x-axis label (larger = stronger drift).
-STRENGTH_FIELD = {"ar1": "ar1_gammas", "rotation": "rotation_omegas", "trend": "trend_sigma_u2", "switching": "hazards"}
-STRENGTH_LABEL = {"ar1": "1 − γ (AR(1), stationary)", "rotation": "rotation angle ω per token",
-                  "trend": "velocity innovation variance σ_u²", "switching": "hazard h (switch probability)"}
 #: Trained GLA against its closed form R*(λ) (and the learnt λ against R*(λ*)): 3 %, the tolerance of drift.fig1
 #: (same trainer, same predictor class). Adam with a cosine schedule leaves the readout near its optimum; what
 #: remains is an optimisation excess (a fraction of a per cent at the presets) and the control variate's SE.
@@ -80,11 +82,127 @@ Z_BAYES = 3.0
 EVAL_STREAM, TUNE_STREAM = 10_000, 20_000
 
 
-class DriftFamiliesConfig(TrainingConfig):
-    """Four drift families, two strengths each, one GLA per forget factor (and one with λ learnt) per setting."""
+# --------------------------------------------------------------------------------------------
+# The drift families: a registry, so that a family of one's own runs beside the built-in four
 
-    families: list[Family] = param(list(FAMILIES), "drift families compared (one panel each)", min_length=1,
-                                   max_length=4)
+
+@dataclass(frozen=True)
+class DriftFamily:
+    """One drift family of the experiment at a strength value v: its prompts, exact task autocovariance and Bayes predictor.
+
+    A state-space family gives ``process``; its sampler is ``iclab.tasks.state_space.sample_state_space_prompts``,
+    its autocovariance ``task_autocovariance`` and its Bayes predictor the Kalman filter
+    (``iclab.baselines.state_space_filter``, conditional risk ``state_space_bayes_risk``). Any other family
+    gives the three callables ``autocovariance``, ``sample`` and ``bayes`` (``switching`` below). Each callable
+    reads the config's ``d``, ``n``, ``sigma_w2``, ``sigma2`` and ``Lam()`` (Λ = I_d), and must keep drift's
+    data model: x_i ~ N(0, Λ) iid, y_i = x_iᵀ w_i + σ ε_i, the tasks a zero-mean process independent of both
+    (the premise of :mod:`iclab.theory.nonstationary`'s R*(λ)).
+
+    A family's code is not part of a stored run's key: the store reuses a run of the same family name and values,
+    so rename a family (or run with ``--force``) after changing its definition.
+
+    Attributes:
+        name: the registry key, an entry of the config's ``families``.
+        label: the x-axis label of its panel (larger = stronger drift).
+        process: (config, v) -> :class:`iclab.tasks.state_space.StateSpace`, or None.
+        autocovariance: (config, v) -> C over w_1..w_{n+1}, (n+1, n+1, d, d) or (n+1, n+1) isotropic; None for a
+            state space.
+        sample: (config, v, key, B, dtype) -> ``DriftPrompts`` (x (B, n+1, d), y (B, n+1) noisy, w); None for a
+            state space.
+        bayes: (config, v, prompts) -> (ŷ (N,), r (N,)): the Bayes prediction of y_{n+1} from the prompt's first n
+            pairs and x_{n+1}, and its exact conditional risk E[(ŷ − y_{n+1})² | context]; None for a state space.
+        strength: v -> the x-axis value (larger = stronger drift); None: v itself.
+        domain: (lo, hi): the values v allowed, a closed interval.
+        field: the config field holding its values (the built-in families), or None: ``strengths[name]``.
+        value_name: the value's name in the checks' labels.
+        even_d: the family needs an even d (it turns coordinate planes).
+    """
+
+    name: str
+    label: str
+    process: Callable | None = None
+    autocovariance: Callable | None = None
+    sample: Callable | None = None
+    bayes: Callable | None = None
+    strength: Callable | None = None
+    domain: tuple[float, float] = (-np.inf, np.inf)
+    field: str | None = None
+    value_name: str = "v"
+    even_d: bool = False
+
+    def __post_init__(self):
+        given = [f for f in ("autocovariance", "sample", "bayes") if getattr(self, f) is not None]
+        if self.process is not None and given:
+            raise ValueError(f"drift family {self.name!r}: give either process (a state space) or autocovariance, "
+                             f"sample and bayes, not both (got process and {', '.join(given)})")
+        if self.process is None and len(given) != 3:
+            raise ValueError(f"drift family {self.name!r}: without a process it needs autocovariance, sample and "
+                             f"bayes (got {', '.join(given) or 'none'})")
+        if not (self.domain[0] <= self.domain[1]):
+            raise ValueError(f"drift family {self.name!r}: domain must be (lo, hi) with lo <= hi (got {self.domain})")
+
+
+_DRIFT_FAMILIES: dict[str, DriftFamily] = {}
+
+
+def register_drift_family(family: DriftFamily, *, replace: bool = False) -> DriftFamily:
+    """Adds a family to the registry the config's ``families`` names; a second one of the same name needs ``replace``.
+
+    Args:
+        family: the family.
+        replace: allow replacing a registered family of that name (e.g. when a notebook cell reruns).
+    Returns:
+        The family, so that a module can write ``FAMILY = register_drift_family(DriftFamily(...))``.
+    Raises:
+        ValueError: the name is taken, or is one of the built-in families (they have config fields of their own).
+    """
+    old = _DRIFT_FAMILIES.get(family.name)
+    if old is not None and old is not family:
+        if old.field is not None:
+            raise ValueError(f"drift family {family.name!r} is built in and cannot be replaced")
+        if not replace:
+            raise ValueError(f"drift family {family.name!r} is registered already (replace=True to replace it)")
+    _DRIFT_FAMILIES[family.name] = family
+    return family
+
+
+def unregister_drift_family(name: str) -> None:
+    """Removes a family of one's own from the registry (nothing if none has this name; the built-in ones stay).
+
+    Args:
+        name: the family's registry key.
+    """
+    family = _DRIFT_FAMILIES.get(name)
+    if family is not None and family.field is None:
+        del _DRIFT_FAMILIES[name]
+
+
+def drift_families() -> dict[str, DriftFamily]:
+    """Every registered drift family, by name (the built-in four first)."""
+    return dict(_DRIFT_FAMILIES)
+
+
+def get_drift_family(name: str) -> DriftFamily:
+    """The registered drift family of this name.
+
+    Args:
+        name: the family's registry key.
+    Raises:
+        KeyError: with the registered names, when none is registered under ``name``.
+    """
+    try:
+        return _DRIFT_FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown drift family {name!r}; registered: {', '.join(_DRIFT_FAMILIES)}") from None
+
+
+class DriftFamiliesConfig(TrainingConfig):
+    """Four drift families (and any registered one), two strengths each, one GLA per forget factor (and one with λ
+    learnt) per setting."""
+
+    families: list[str] = param(list(FAMILIES), "drift families compared (one panel each): ar1, rotation, trend, "
+                                "switching or a family registered by register_drift_family", min_length=1,
+                                max_length=8)
     ar1_gammas: list[float] = param([0.95, 0.8], "AR(1) coefficients γ (stationary: σ_e² = (1 − γ²) σ_w²); "
                                     "strength 1 − γ", min_length=1, max_length=8)
     rotation_omegas: list[float] = param([0.1, 0.3], "rotation angles ω per token (radians, no innovations)",
@@ -93,6 +211,8 @@ class DriftFamiliesConfig(TrainingConfig):
                                         min_length=1, max_length=8)
     hazards: list[float] = param([0.05, 0.2], "switch probabilities h per step of the switching task",
                                  min_length=1, max_length=8)
+    strengths: dict[str, list[float]] = param({}, "strength values of each registered family of one's own "
+                                              "(family name → 1 to 8 values in the family's domain)")
     d: int = param(8, "input dimension d (even when rotation is compared)", ge=2, le=64)
     n: int = param(50, "labelled context pairs n of a prompt (the query is token n+1)", ge=2, le=1000)
     sigma_w2: float = param(1.0, "prior variance σ_w² of a task coordinate (w_0 of every family)", gt=0, le=1e6)
@@ -142,13 +262,38 @@ class DriftFamiliesConfig(TrainingConfig):
     def _settings(self):
         if len(set(self.families)) != len(self.families):
             raise ValueError("families must not repeat a family")
-        if "rotation" in self.families and self.d % 2:
-            raise ValueError(f"d must be even when rotation is compared (rotation turns coordinate planes; got {self.d})")
+        unknown = [f for f in self.families if f not in _DRIFT_FAMILIES]
+        if unknown:
+            raise ValueError(f"families: {', '.join(unknown)} not registered (registered: {', '.join(_DRIFT_FAMILIES)})")
+        for name, values in self.strengths.items():
+            family = _DRIFT_FAMILIES.get(name)
+            if family is None or family.field is not None:
+                raise ValueError(f"strengths: {name!r} is not a registered family of one's own (the built-in families "
+                                 f"take their values from their own fields)")
+            lo, hi = family.domain
+            if not 1 <= len(values) <= 8 or any(not (lo <= v <= hi) for v in values):
+                raise ValueError(f"strengths[{name}] must hold 1 to 8 values in [{lo:g}, {hi:g}] (got {values})")
+        missing = [f for f in self.families if _DRIFT_FAMILIES[f].field is None and f not in self.strengths]
+        if missing:
+            raise ValueError(f"strengths: give the values of {', '.join(missing)} (strengths={{name: [values]}})")
+        odd = [f for f in self.families if _DRIFT_FAMILIES[f].even_d]
+        if odd and self.d % 2:
+            raise ValueError(f"d must be even when {', '.join(odd)} is compared (it turns coordinate planes; got "
+                             f"{self.d})")
         return self
+
+    def values(self, family: str) -> list[float]:
+        """The strength values v of one family: its own field for the built-in ones, else ``strengths[family]``.
+
+        Args:
+            family: a registered family's name.
+        """
+        field = _DRIFT_FAMILIES[family].field
+        return [float(v) for v in (getattr(self, field) if field is not None else self.strengths[family])]
 
     def settings(self) -> list[tuple[str, float]]:
         """The (family, strength value) rows, family by family, in the order of ``families``."""
-        return [(f, float(v)) for f in self.families for v in getattr(self, STRENGTH_FIELD[f])]
+        return [(f, v) for f in self.families for v in self.values(f)]
 
     def Lam(self) -> np.ndarray:
         """Λ = I_d, (d, d)."""
@@ -156,37 +301,61 @@ class DriftFamiliesConfig(TrainingConfig):
 
 
 def strength(family: str, value: float) -> float:
-    """The x-axis of a family's panel, larger = stronger drift: 1 − γ for AR(1), the value itself otherwise."""
-    return 1.0 - value if family == "ar1" else value
+    """The x-axis of a family's panel, larger = stronger drift: 1 − γ for AR(1), the value itself for the others
+    built in (a registered family's own ``strength``)."""
+    f = get_drift_family(family).strength
+    return float(value) if f is None else float(f(value))
 
 
 def state_space(config: DriftFamiliesConfig, family: str, value: float):
     """The :class:`iclab.tasks.state_space.StateSpace` of a state-space row (module docstring)."""
-    d, s2 = config.d, config.sigma_w2
-    if family == "ar1":
-        return ar1_process(d, gamma=value, sigma_w2=s2, sigma_e2=(1 - value ** 2) * s2)
-    if family == "rotation":
-        return rotation_process(d, omega=value, sigma_w2=s2, sigma_e2=0.0)
-    if family == "trend":
-        return trend_process(d, sigma_w2=s2, sigma_v2=0.0, sigma_e2=0.0, sigma_u2=value)
-    raise ValueError(f"{family} is not a state-space family")
+    process = get_drift_family(family).process
+    if process is None:
+        raise ValueError(f"{family} is not a state-space family")
+    return process(config, value)
 
 
 def autocovariance(config: DriftFamiliesConfig, family: str, value: float) -> np.ndarray:
     """The exact task autocovariance C over w_1..w_{n+1} of a row: (n+1, n+1, d, d), or (n+1, n+1) isotropic."""
-    if family == "switching":
-        return switching_autocovariance(hazard=value, n=config.n, prior_cov=config.sigma_w2)
-    return task_autocovariance(state_space(config, family, value), n=config.n)
+    f = get_drift_family(family)
+    if f.process is None:
+        return np.asarray(f.autocovariance(config, value), dtype=float)
+    return task_autocovariance(f.process(config, value), n=config.n)
 
 
 def sample_row(config: DriftFamiliesConfig, family: str, value: float, key, B: int, dtype):
     """B prompts of one row in drift's layout (``DriftPrompts``: x (B, n+1, d), y (B, n+1), w)."""
-    Lam = jnp.asarray(config.Lam(), dtype)
-    if family == "switching":
-        return sample_switching_prompts(key, B, hazard=value, prior_cov=config.sigma_w2, sigma2=config.sigma2,
-                                        n=config.n, Lam=Lam, dtype=dtype)
-    return sample_state_space_prompts(key, B, state_space(config, family, value), n=config.n, Lam=Lam,
-                                      sigma2=config.sigma2, dtype=dtype)
+    f = get_drift_family(family)
+    if f.process is None:
+        return f.sample(config, value, key, B, dtype)
+    return sample_state_space_prompts(key, B, f.process(config, value), n=config.n,
+                                      Lam=jnp.asarray(config.Lam(), dtype), sigma2=config.sigma2, dtype=dtype)
+
+
+def _switching_sample(config, value, key, B, dtype):
+    return sample_switching_prompts(key, B, hazard=value, prior_cov=config.sigma_w2, sigma2=config.sigma2, n=config.n,
+                                    Lam=jnp.asarray(config.Lam(), dtype), dtype=dtype)
+
+
+def _switching_bayes(config, value, pr):
+    cf = bl.changepoint_filter(pr.x, pr.y, hazard=value, prior_cov=config.sigma_w2, sigma2=config.sigma2)
+    return cf.predictions[:, -1], cf.variances[:, -1]
+
+
+for _family in (
+    DriftFamily("ar1", "1 − γ (AR(1), stationary)", field="ar1_gammas", value_name="γ", domain=(0.0, 1.0),
+                strength=lambda v: 1.0 - v,
+                process=lambda c, v: ar1_process(c.d, gamma=v, sigma_w2=c.sigma_w2, sigma_e2=(1 - v ** 2) * c.sigma_w2)),
+    DriftFamily("rotation", "rotation angle ω per token", field="rotation_omegas", value_name="ω", domain=(0.0, 10.0),
+                even_d=True, process=lambda c, v: rotation_process(c.d, omega=v, sigma_w2=c.sigma_w2, sigma_e2=0.0)),
+    DriftFamily("trend", "velocity innovation variance σ_u²", field="trend_sigma_u2", value_name="σ_u²",
+                domain=(0.0, 10.0),
+                process=lambda c, v: trend_process(c.d, sigma_w2=c.sigma_w2, sigma_v2=0.0, sigma_e2=0.0, sigma_u2=v)),
+    DriftFamily("switching", "hazard h (switch probability)", field="hazards", value_name="h", domain=(0.0, 1.0),
+                autocovariance=lambda c, v: switching_autocovariance(hazard=v, n=c.n, prior_cov=c.sigma_w2),
+                sample=_switching_sample, bayes=_switching_bayes),
+):
+    register_drift_family(_family)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,20 +456,22 @@ def _gla_errors(params, Z, target, lams):
 
 
 @jax.jit
-def _kalman(x_full, y_full, target, F, Q, P0, H, sigma2, Lam):
+def _kalman(x_full, y_full, F, Q, P0, H, sigma2, Lam):
     kf = bl.state_space_filter(x_full, y_full, F=F, Q=Q, P0=P0, H=H, sigma2=sigma2)
     cond = bl.state_space_bayes_risk(x_full, F=F, Q=Q, P0=P0, Lam=Lam, H=H, sigma2=sigma2)
-    return (kf.predictions[:, -1] - target) ** 2, cond[:, -1]
+    return kf.predictions[:, -1], cond[:, -1]
 
 
 def _bayes(config, family, value, pr):
-    """The Bayes predictor's squared errors and its exact conditional risks given the context, (N,) each."""
-    target = pr.y[:, -1]
-    if family == "switching":
-        cf = bl.changepoint_filter(pr.x, pr.y, hazard=value, prior_cov=config.sigma_w2, sigma2=config.sigma2)
-        return (cf.predictions[:, -1] - target) ** 2, cf.variances[:, -1]
-    p = state_space(config, family, value)
-    return _kalman(pr.x, pr.y, target, p.F, p.Q, p.P0, p.H, config.sigma2, jnp.asarray(config.Lam()))
+    """The Bayes predictor's squared errors and its exact conditional risks given the context, (N,) each: the
+    family's own ``bayes``, or the Kalman filter of its state space."""
+    f = get_drift_family(family)
+    if f.process is None:
+        pred, cond = f.bayes(config, value, pr)
+    else:
+        p = f.process(config, value)
+        pred, cond = _kalman(pr.x, pr.y, p.F, p.Q, p.P0, p.H, config.sigma2, jnp.asarray(config.Lam()))
+    return (jnp.asarray(pred) - pr.y[:, -1]) ** 2, jnp.asarray(cond)
 
 
 def _chunks(total_: int, chunk: int) -> list[int]:
@@ -461,7 +632,8 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
 
 
 def _row_label(r, row) -> str:
-    return f"{row['families'][r]} {STRENGTH_FIELD[str(row['families'][r])][:-1]} = {row['values'][r]:g}"
+    family = str(row['families'][r])
+    return f"{family} {get_drift_family(family).value_name} = {row['values'][r]:g}"
 
 
 def checks_drift_families(config: DriftFamiliesConfig, a: dict) -> list:
@@ -540,7 +712,7 @@ def plot_drift_families(config: DriftFamiliesConfig, a: dict):
         ax.errorbar(x, a["bayes_cond_mc"][sel], yerr=a["bayes_cond_se"][sel], fmt="-s", color="k", ms=3.5, lw=1.2,
                     label="Bayes")
         ax.set_yscale("log")
-        ax.set_xlabel(STRENGTH_LABEL[f])
+        ax.set_xlabel(get_drift_family(f).label)
         ax.set_title(f, fontsize=9)
     axes[0, 0].set_ylabel("risk E(ŷ − y_{n+1})² (noisy target)")
     axes[0, 0].legend(fontsize=6.5)
@@ -558,7 +730,7 @@ def memory_drift_families(config: DriftFamiliesConfig) -> tuple[float, str]:
     its tokens and the sampler's state scan, about 6 numbers per token coordinate, and 6 numbers per token of
     every model's read-out residuals and gradients), then the evaluation (one chunk of float64 prompts with the
     filters' states: the changepoint mixture keeps a (T, d, d) covariance per segment start and prompt, the
-    Kalman filter a (2d)² state; the grids of LMS/RLS predictions; every predictor's per-prompt errors)."""
+    Kalman filter a k² state, k the state's dimension; the grids of LMS/RLS predictions; every predictor's per-prompt errors)."""
     G, K, S = len(config.settings()), len(config.lams) + int(config.learn_lam), config.seeds
     T, d, B, item = config.n + 1, config.d, config.batch, itemsize(config.dtype)
     train_ = total([(6.0 * item * S * G * B * T * (2 * d + 1), f"the {G}×{B}×{T} token batches of {S} seed(s)"),
@@ -566,8 +738,11 @@ def memory_drift_families(config: DriftFamiliesConfig) -> tuple[float, str]:
                     (records(seeds=S, steps=config.steps, record_every=config.record_every, values=2, item=item),
                      "the recorded losses")])
     c = min(config.chunk, max(config.eval_prompts, config.tune_prompts))
-    switching = "switching" in config.families
-    per_prompt = T * (d + 1) * 6 + (3 * T * d * d + T * T if switching else 6 * 4 * d * d) \
+    rows = config.settings()
+    k = max([state_space(config, f, v).k for f, v in rows if get_drift_family(f).process is not None] or [0])
+    # a family without a state space: the changepoint mixture's cost (the only one built in) stands for it
+    mixture = any(get_drift_family(f).process is None for f in config.families)
+    per_prompt = T * (d + 1) * 6 + max(3 * T * d * d + T * T if mixture else 0, 6 * k * k) \
         + (len(config.lms_mus) + len(config.rls_betas)) * (T + 2) + (S + 2) * K * 2
     errors = config.eval_prompts * (2 * S * K + 2 * K + 8) * 2
     evaluate = total([(FLOAT64 * c * per_prompt, f"a chunk of {c} float64 prompts and their filters"),
