@@ -29,7 +29,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n auto --dist loadscope
 
 # The documentation site into site/ (open site/index.html; it fetches nothing at view time): mkdocs in strict
-# mode, the six tutorials of docs/tutorials/ executed (a failed theory assert fails the build), the maths
+# mode, the seven tutorials of docs/tutorials/ executed (a failed theory assert fails the build), the maths
 # rendered by KaTeX (brought in once by npm, pinned by version and sha256 in docs/_hooks/iclab_docs.py; needs
 # node and npm). The docs extra is installed beside the others.
 DOCS_STAMP := $(VENV)/.docs-stamp

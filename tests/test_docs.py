@@ -2,7 +2,7 @@
 then opened from the file system in a real browser.
 
 CI runs ``make docs`` before the slow set, and this test reuses that build when it is newer than every
-source of the site; otherwise it builds the site itself (minutes: the six tutorials run)."""
+source of the site; otherwise it builds the site itself (minutes: the seven tutorials run)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "site"
-TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family", "nonstationary")
+TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family", "nonstationary", "task_diversity")
 ARTIFACTS = ROOT / "test-artifacts"
 
 

@@ -63,7 +63,7 @@ PAPER_LINKS = {
 THEORY = {"linattn": "linattn", "gating": "wpgd", "drift": "drift", "mhsa": "mhsa", "lab": "task_diversity"}
 BENCH_MARKER = "<!-- iclab: measured benchmarks -->"
 TABLE_MARKER = "<!-- iclab: experiments table -->"
-TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family", "nonstationary")
+TUTORIALS = ("linattn", "gating", "drift", "mhsa", "model_family", "nonstationary", "task_diversity")
 
 
 # ------------------------------------------------------------------------------------------------
