@@ -37,10 +37,11 @@
 # predictors and the closed form against Monte Carlo first, then runs the experiment at its quick preset.
 
 # %%
+import io
 import time
+from pathlib import Path
 
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 
 import iclab  # noqa: F401  (turns on float64)
@@ -165,8 +166,15 @@ for dist in ("pool", "fresh"):
     print()
 
 # %%
-fig = exp.plot(config, r)
-plt.show()
+fig = exp.plot(config, r)   # the experiment's figure, drawn on the Agg backend (made for files): shown as a PNG
+png = io.BytesIO()
+fig.savefig(png, format="png", dpi=110)
+try:
+    from IPython.display import Image, display
+    display(Image(png.getvalue()))
+except ImportError:  # run as a plain script without IPython
+    Path("task_diversity.png").write_bytes(png.getvalue())
+    print("figure written to task_diversity.png")
 
 # %% [markdown]
 # ## What the short training reaches, and the checks
