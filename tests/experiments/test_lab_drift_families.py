@@ -48,6 +48,7 @@ def test_d_may_be_odd_without_rotation():
     assert [f for f, _ in config.settings()] == ["ar1", "ar1", "trend", "trend", "switching", "switching"]
 
 
+@pytest.mark.slow  # the tiny run compiles every family's training and Bayes filter: a minute
 def test_tiny_run_shapes_and_plot(tiny):
     exp, config, r = tiny
     G, K, S = 4, 2, 1
@@ -79,6 +80,7 @@ def test_switching_and_ar1_share_the_closed_form_at_gamma_one_minus_h():
     assert np.allclose(risks[0], risks[1], rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow  # the tiny run compiles every family's training and Bayes filter: a minute
 def test_checks_pass_at_theory_and_fail_when_a_predictor_beats_bayes(tiny):
     exp, config, r = tiny
     perfect = dict(r, gla_risk=np.broadcast_to(r["theory_grid"], r["gla_risk"].shape).copy(),

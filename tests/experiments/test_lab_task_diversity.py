@@ -53,6 +53,7 @@ def test_each_slice_of_the_batch_draws_its_tasks_from_its_own_pool():
         assert np.isclose(losses[k], expected, rtol=1e-12)
 
 
+@pytest.mark.slow  # compiles three models' training and every evaluation: half a minute
 def test_a_tiny_run_has_every_array_and_its_checks_and_plot():
     c = td.TaskDiversityConfig(**TINY)
     r = td.run_task_diversity(c, None)

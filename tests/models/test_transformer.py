@@ -2,6 +2,8 @@
 gradients in float64; causality; every task's tokens against hand-built prompts, and per task, that no read-out sees
 the label it predicts; and training on in-context linear regression towards the Bayes risk (slow)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,15 +31,17 @@ def test_outputs_and_gradients_equal_the_per_token_loop(layers, heads, width, ma
     pr = _prompt(jax.random.PRNGKey(1), D, N)
     Z = tf.linreg_tokens(pr.x, pr.y, pr.x_q)
     assert Z.shape == (2 * N + 1, D + 1)
-    fast, naive = tf.outputs(params, Z), jax.jit(tf.naive_outputs)(params, Z)
+    # The loop's few thousand scalar operations: jitted (op by op they would take minutes), without LLVM's
+    # optimisation passes (they cost most of the compile time of such a long straight-line program).
+    quick_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    fast, naive = tf.outputs(params, Z), quick_jit(tf.naive_outputs)(params, Z)
     np.testing.assert_allclose(fast, naive, rtol=1e-10, atol=1e-10)
     assert np.ptp(np.asarray(fast)) > 1e-3  # the outputs differ by position: the comparison is not of constants
 
     def loss(form):
         return lambda p: jnp.sum(jnp.sin(jnp.arange(1, Z.shape[0] + 1)) * form(p, Z))
 
-    # (jitted: the loop's few thousand scalar operations run op by op would take minutes)
-    g_fast, g_naive = jax.grad(loss(tf.outputs))(params), jax.jit(jax.grad(loss(tf.naive_outputs)))(params)
+    g_fast, g_naive = jax.grad(loss(tf.outputs))(params), quick_jit(jax.grad(loss(tf.naive_outputs)))(params)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_fast), jax.tree_util.tree_leaves(g_naive)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10, err_msg=jax.tree_util.keystr(path))
     assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree_util.tree_leaves(g_fast) if g.size)
