@@ -109,6 +109,8 @@ class TaskDiversityConfig(TrainingConfig):
                                le=4096)
     softmax_init: float = param(0.1, "softmax attention's init std of every entry of K, Q, V, O", gt=0, le=10)
     record_every: int = param(50, "record the training losses every this many steps", ge=1, le=1_000_000)
+    record_losses: bool = param(True, "record each model's training loss at each M (the figure's right panel; it "
+                                "compiles one more function, seconds the quick preset saves)")
     eval_prompts: int = param(2048, "evaluation prompts per M and distribution (pool tasks, fresh tasks)", ge=2,
                               le=10_000_000)
     eval_chunk: int = param(1024, "evaluation prompts computed at once (dMMSE holds chunk·M·N numbers)", ge=1,
@@ -319,15 +321,17 @@ def run_task_diversity(config: TaskDiversityConfig, reporter) -> dict:
     tr = train_members(model_groups(config), batch_sampler(config), keys=keys, lr=config.schedule(),
                        n_steps=config.steps, optimizer=config.transformation(), clip_norm=config.clip_norm or None,
                        record_every=config.record_every, aux=pools_, init_stream=INIT_STREAM,
-                       data_stream=DATA_STREAM, reporter=reporter, label="train: 3 models × M grid")
+                       data_stream=DATA_STREAM, reporter=reporter, label="train: 3 models × M grid",
+                       record_member_loss=config.record_losses)
     params = tr.final_params
     out = evaluate(config, params, np.asarray(pools_), keys, reporter)
     A = jax.vmap(jax.vmap(get_model("attn_m").effective_matrix))(params["linear"])
     out.update(linear_theory(config, np.asarray(pools_), np.asarray(A)))
     out["pool_sizes"] = np.asarray(config.pool_sizes)
     out["step"] = np.asarray(tr.step)
-    for g in MODELS:
-        out[f"loss_{g}"] = np.asarray(tr.metrics["member_loss"][g], dtype=np.float64)  # (S, T, K)
+    if config.record_losses:
+        for g in MODELS:
+            out[f"loss_{g}"] = np.asarray(tr.metrics["member_loss"][g], dtype=np.float64)  # (S, T, K)
     return out
 
 
@@ -457,7 +461,14 @@ def plot_task_diversity(config: TaskDiversityConfig, r: dict):
     ax.set_ylabel("mean squared error of y_q (σ² included)")
     ax.legend(fontsize=6, ncol=1)
     ax.set_title("error after pretraining on M tasks: on the pool (solid), on fresh tasks (dashed)", fontsize=8)
+    fig.suptitle(f"lab.task_diversity: D = {config.D}, N = {config.N}, σ² = {config.sigma2:g}, {config.steps} steps, "
+                 f"{config.seeds} seed(s)", fontsize=9)
     ax2 = axes[0, 1]
+    if "loss_transformer" not in r:
+        ax2.set_axis_off()
+        ax2.text(0.5, 0.5, "training losses not recorded (record_losses = false)", ha="center", va="center",
+                 fontsize=8, transform=ax2.transAxes)
+        return fig
     for n in MODELS:
         loss = r[f"loss_{n}"]  # (S, T, K)
         for k, m in enumerate(sizes):
@@ -468,8 +479,6 @@ def plot_task_diversity(config: TaskDiversityConfig, r: dict):
     ax2.set_ylabel("training loss (minibatch, each M)")
     ax2.set_title("training: darker = larger M", fontsize=8)
     ax2.legend(fontsize=7)
-    fig.suptitle(f"lab.task_diversity: D = {config.D}, N = {config.N}, σ² = {config.sigma2:g}, {config.steps} steps, "
-                 f"{config.seeds} seed(s)", fontsize=9)
     return fig
 
 
@@ -511,7 +520,7 @@ register(
                   "(iclab.theory.task_diversity)",
         config=TaskDiversityConfig,
         presets={
-            "quick": {},
+            "quick": {"record_losses": False},
             "paper": {"D": 8, "N": 16, "pool_sizes": [1, 4, 16, 64, 256, 1024, 4096, 16384, 0], "batch": 256,
                       "steps": 50_000, "layers": 4, "width": 128, "heads": 2, "lr_schedule": "cosine",
                       "eval_prompts": 16_384, "eval_chunk": 512, "record_every": 500},
