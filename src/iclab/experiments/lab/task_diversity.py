@@ -236,9 +236,10 @@ def batch_sampler(config: TaskDiversityConfig):
 # Evaluation: every model, dMMSE and ridge on the same prompts
 
 
-@functools.partial(jax.jit, static_argnames=("M", "sigma2"))
-def _errors(params, pool, prompts, *, M: int, sigma2: float) -> dict:
-    """Per-prompt squared errors (float64) of the three models, dMMSE over the pool of size M and ridge."""
+@functools.partial(jax.jit, static_argnames=("sigma2",))
+def _model_errors(params, prompts, *, sigma2: float) -> dict:
+    """Per-prompt squared errors (float64) of the three models and ridge; one compiled program serves every M
+    (the members of every M have the same shapes)."""
     p64 = Prompts(*(None if a is None else jnp.asarray(a, jnp.float64) for a in prompts))
     dt = jax.tree_util.tree_leaves(params["transformer"])[0].dtype
     pd = Prompts(*(None if a is None else a.astype(dt) for a in p64))
@@ -248,9 +249,23 @@ def _errors(params, pool, prompts, *, M: int, sigma2: float) -> dict:
         "softmax": predict_softmax(params["softmax"], pd),
         "ridge": bl.gaussian_posterior_mean(p64.x, p64.y, p64.x_q, prior_cov=1.0, sigma2=sigma2),
     }
-    out["dmmse"] = (bl.pool_posterior_mean(p64.x, p64.y, p64.x_q, pool=pool[:M], sigma2=sigma2) if M
-                    else jnp.full_like(p64.y_q, jnp.nan))
     return {k: (jnp.asarray(v, jnp.float64) - p64.y_q) ** 2 for k, v in out.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("sigma2",))
+def _dmmse_errors(pool, prompts, *, sigma2: float) -> jax.Array:
+    """Per-prompt squared errors of dMMSE over ``pool`` (M, D) (one program per M)."""
+    p64 = Prompts(*(None if a is None else jnp.asarray(a, jnp.float64) for a in prompts))
+    return (bl.pool_posterior_mean(p64.x, p64.y, p64.x_q, pool=pool, sigma2=sigma2) - p64.y_q) ** 2
+
+
+def _errors(params, pool, prompts, *, M: int, sigma2: float) -> dict:
+    """Per-prompt squared errors (float64) of the three models, dMMSE over the pool of size M (NaN at M = ∞) and
+    ridge."""
+    out = _model_errors(params, prompts, sigma2=sigma2)
+    out["dmmse"] = (_dmmse_errors(pool[:M], prompts, sigma2=sigma2) if M
+                    else jnp.full_like(out["ridge"], jnp.nan))
+    return out
 
 
 def evaluate(config: TaskDiversityConfig, params, pools_, keys, reporter=None) -> dict:
