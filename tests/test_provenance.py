@@ -149,3 +149,128 @@ def test_the_import_scan_finds_every_import_the_parser_finds():
         st = path.stat()
         scanned = set(provenance._imports_of(str(path), st.st_mtime_ns, st.st_size))
         assert parsed <= scanned, (path, sorted(parsed - scanned)[:3])
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered extensions a config uses by name (Experiment.extensions) are part of the key
+
+
+_SCALES: dict = {}  # a toy registry, as lab.drift_families' register_drift_family
+
+
+def _extension_experiment():
+    from iclab.experiments import Experiment, ExperimentConfig, param
+
+    class Config(ExperimentConfig):
+        scale: str = param("mine", "the registered scale to use")
+
+    def run(config, reporter):
+        return {"y": [float(_SCALES[config.scale].factor(2.0))]}
+
+    def plot(config, arrays):
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.plot(arrays["y"])
+        return fig
+
+    return Experiment(id="user.extension_key", title="t", paper="user", reference="r", config=Config,
+                      presets={"quick": {}, "paper": {}}, run=run, checks=lambda c, a: [], plot=plot,
+                      extensions=lambda config: [_SCALES[config.scale]])
+
+
+def _load_scale(folder: Path, body: str, monkeypatch):
+    """A user's module defining and registering a dataclass with a function (as a DriftFamily), loaded anew."""
+    import importlib
+    import sys
+
+    (folder / "my_scale.py").write_text(textwrap.dedent(f"""
+        from dataclasses import dataclass
+        from typing import Callable
+
+        @dataclass(frozen=True)
+        class Scale:
+            name: str
+            factor: Callable
+
+        SCALE = Scale("mine", lambda v: {body})
+    """))
+    monkeypatch.syspath_prepend(str(folder))
+    sys.modules.pop("my_scale", None)
+    importlib.invalidate_caches()
+    _SCALES["mine"] = importlib.import_module("my_scale").SCALE
+
+
+def test_an_edited_registered_extension_is_computed_again_not_served_from_the_store(tmp_path, monkeypatch):
+    from iclab.experiments import register, unregister
+
+    exp = register(_extension_experiment())
+    try:
+        _load_scale(tmp_path, "3 * v", monkeypatch)
+        first = iclab.run_experiment(exp.id, root=tmp_path / "r")
+        assert first.arrays["y"].tolist() == [6.0] and not first.reused
+        assert iclab.run_experiment(exp.id, root=tmp_path / "r").reused  # the same extension: reused
+        code = first.code["extensions"]
+        assert list(code["files"]) == [str((tmp_path / "my_scale.py").resolve())]
+        _load_scale(tmp_path, "5 * v", monkeypatch)  # the user edits the extension, not the experiment
+        second = iclab.run_experiment(exp.id, root=tmp_path / "r")
+        assert not second.reused and second.arrays["y"].tolist() == [10.0]
+        assert "a registered extension it uses changed (my_scale.py)" in second.recomputed
+    finally:
+        unregister(exp.id)
+        _SCALES.clear()
+
+
+def test_an_extension_held_by_no_file_is_keyed_by_its_source_and_values():
+    from iclab.experiments import Experiment
+    from iclab.runner import code_of
+
+    exp = _extension_experiment()
+    config = exp.resolve("quick")
+    digests = []
+    for source in ("lambda v: 3 * v", "lambda v: 5 * v"):
+        namespace: dict = {}
+        exec(compile(f"factor = {source}\n", "<cell>", "exec"), namespace)  # a notebook cell
+        for name in ("mine", "other"):
+            _SCALES["mine"] = _scale_object(namespace["factor"], name)
+            digests.append(code_of(exp, config)["digest"])
+    _SCALES.clear()
+    assert len(set(digests)) == 4  # the function's source and the object's values each move the key
+    plain = Experiment(**{**exp.__dict__, "extensions": None})
+    assert "extensions" not in code_of(plain, config)
+
+
+def _scale_object(factor, name):
+    """A registered object (a frozen dataclass, as DriftFamily) holding a function and a value."""
+    from dataclasses import make_dataclass
+
+    return make_dataclass("Scale", ["name", "factor"], frozen=True)(name, factor)
+
+
+def test_lab_drift_families_keys_only_the_families_of_ones_own():
+    """Its built-in families are its own code: a config naming only them has the experiment's identity (stored
+    runs keep their keys); a family registered from a notebook cell enters the key."""
+    import numpy as np
+
+    from iclab.experiments.lab import drift_families as df
+    from iclab.runner import code_of
+
+    exp = get_experiment("lab.drift_families")
+    config = exp.resolve("quick")
+    assert code_of(exp, config) == code_of(exp)
+    namespace: dict = {}
+    exec(compile("from iclab.tasks.state_space import ar1_process\n"
+                 "process = lambda c, v: ar1_process(c.d, gamma=v, sigma_w2=c.sigma_w2, sigma_e2=0.5)\n",
+                 "<cell>", "exec"), namespace)
+    family = df.register_drift_family(df.DriftFamily("cell_family", "v", process=namespace["process"],
+                                                     domain=(0.0, 1.0)), replace=True)
+    try:
+        mine = exp.resolve("quick", {"families": ["ar1", "cell_family"], "strengths": {"cell_family": [0.5]}})
+        ident = code_of(exp, mine)
+        assert "extensions" in ident and ident["digest"] != code_of(exp)["digest"]
+        df.register_drift_family(df.DriftFamily("cell_family", "v", process=namespace["process"],
+                                                domain=(0.0, 0.9)), replace=True)
+        assert code_of(exp, mine)["digest"] != ident["digest"]  # a value of the family changed
+        assert np.isfinite(family.domain[1])
+    finally:
+        df.unregister_drift_family("cell_family")

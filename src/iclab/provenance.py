@@ -16,6 +16,11 @@ serving a result of the old code. The identity is a digest over source files:
   Two files that declare the same experiment id never share results.
 - **an experiment defined where no file holds it** (a notebook cell): the source text of its functions
   (``inspect.getsource``), else their bytecode.
+- **the registered extensions a config uses** (``Experiment.extensions``, e.g. a drift family of one's own
+  that ``lab.drift_families`` runs by name): the files that define their functions (SHA-256 by absolute path,
+  with the files beside them that they import and the iclab files they reach), the source of those defined
+  where no file holds them, and their other values (``repr``). The experiment's own code does not change when
+  a user edits the family it runs by name; this part of the key does.
 
 The versions of iclab's dependencies (jax, numpy, ...) are recorded beside the identity
 (:func:`environment_versions`) but do not enter it: another jaxlib may change the last bits of a float,
@@ -191,18 +196,21 @@ def _defining_objects(exp) -> list:
     return objs + [exp.config]
 
 
-def code_identity(exp, user_file: str | Path | None = None) -> dict:
+def code_identity(exp, user_file: str | Path | None = None, *, config=None) -> dict:
     """The code identity of an experiment (module docstring).
 
     Args:
         exp: the :class:`iclab.experiments.Experiment`.
         user_file: the file it was loaded from (``iclab run path/to/file.py:NAME``), None for iclab's own
             experiments and for experiments defined in a notebook.
+        config: the resolved config the identity is for: with it, the registered extensions it uses
+            (``exp.extensions(config)``) enter the identity; None: the experiment's code alone.
     Returns:
         {"digest": 16 hex digits, "iclab": version, "files": {"iclab/...py": sha256[:16]}, and for a user
         file "user_file": {"path", "sha256"}, "siblings": {"name.py": sha256[:16]}; for code held by no file
         "inline": sha256[:16] of its functions' source; for one defined in a script or test module "scripts":
-        {absolute path: sha256[:16]}}.
+        {absolute path: sha256[:16]}; for a config using registered extensions "extensions": {"files":
+        {absolute path: sha256[:16]}, "values": sha256[:16] of their values and of source held by no file}}.
     """
     from iclab import __version__
 
@@ -222,6 +230,8 @@ def code_identity(exp, user_file: str | Path | None = None) -> dict:
         elif user_file is None:
             inline.append(_function_source(obj))
     package_files, siblings = _reached(start, sibling_dir)
+    extensions = _extensions_identity(exp.extensions(config) if config is not None and getattr(
+        exp, "extensions", None) is not None else [], package_files)
     identity: dict = {"iclab": __version__,
                       "files": {k: file_sha256(p)[:16] for k, p in sorted(package_files.items())}}
     others = sorted({str(p.resolve()) for p in start if _module_name(p) is None
@@ -233,8 +243,58 @@ def code_identity(exp, user_file: str | Path | None = None) -> dict:
         identity["siblings"] = {k: file_sha256(p)[:16] for k, p in sorted(siblings.items())}
     if inline:
         identity["inline"] = hashlib.sha256("\n".join(inline).encode()).hexdigest()[:16]
+    if extensions:
+        identity["extensions"] = extensions
     identity["digest"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return identity
+
+
+def _callables_and_values(obj) -> tuple[list, list[str]]:
+    """The functions an extension object holds (itself, a dataclass's fields, a partial's function) and the
+    ``repr`` of its other values."""
+    import dataclasses
+    import functools
+
+    if isinstance(obj, functools.partial):
+        inner, values = _callables_and_values(obj.func)
+        more = [_callables_and_values(v) for v in (*obj.args, *obj.keywords.values())]
+        return inner + [f for c, _ in more for f in c], values + [v for _, vs in more for v in vs]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fns, values = [], [f"{type(obj).__module__}.{type(obj).__qualname__}"]
+        for f in dataclasses.fields(obj):
+            c, v = _callables_and_values(getattr(obj, f.name))
+            fns += c
+            values += [f"{f.name}={x}" for x in v]
+        return fns, values
+    if callable(obj) and hasattr(obj, "__code__"):
+        return [obj], []
+    return [], [repr(obj)]
+
+
+def _extensions_identity(objects: list, package_files: dict[str, Path]) -> dict:
+    """The identity of registered extensions (module docstring); adds the iclab files they reach to
+    ``package_files``; {} when there are none."""
+    if not objects:
+        return {}
+    files: dict[str, str] = {}
+    held: list[str] = []
+    for obj in objects:
+        fns, values = _callables_and_values(obj)
+        held += values
+        for fn in fns:
+            module = sys.modules.get(getattr(fn, "__module__", "") or "")
+            file = getattr(module, "__file__", None)
+            if file and Path(file).is_file():
+                path = Path(file).resolve()
+                reached, beside = _reached([path], None if _module_name(path) else path.parent)
+                package_files.update(reached)
+                if _module_name(path) is None:
+                    files[str(path)] = file_sha256(path)[:16]
+                    files.update({str(p.resolve()): file_sha256(p)[:16] for p in beside.values()})
+            else:
+                held.append(_function_source(fn))
+    return {"files": dict(sorted(files.items())),
+            "values": hashlib.sha256("\n".join(held).encode()).hexdigest()[:16]}
 
 
 def run_key(experiment_id: str, config: dict, *, version: str, code: str, backend: str) -> str:
@@ -289,6 +349,11 @@ def describe_change(old: dict | None, new: dict) -> str:
             parts.append(f"changed: {shown}")
     if old.get("inline") != new.get("inline"):
         parts.append("the experiment's functions changed")
+    oe, ne = (x if isinstance(x, dict) else {} for x in (old.get("extensions"), new.get("extensions")))
+    if oe != ne:
+        of, nf = (x if isinstance(x, dict) else {} for x in (oe.get("files"), ne.get("files")))
+        edited = sorted(Path(str(k)).name for k in set(of) | set(nf) if of.get(k) != nf.get(k))
+        parts.append("a registered extension it uses changed" + (f" ({', '.join(edited[:4])})" if edited else ""))
     return "; ".join(parts) or "its code identity differs"
 
 

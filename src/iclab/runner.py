@@ -385,8 +385,12 @@ def experiment_or_error(exp_id):
         raise ExperimentError(f"unknown experiment {shorten(exp_id)}; known: {known} (or path/to/file.py:NAME)") from None
 
 
-def code_of(exp) -> dict:
+def code_of(exp, config=None) -> dict:
     """The code identity of an experiment as run now (:func:`iclab.provenance.code_identity`).
+
+    Args:
+        exp: the experiment; config: the resolved config it runs (its registered extensions enter the identity),
+            or None for the experiment's code alone.
 
     Raises:
         ExperimentError: a user's file that changed since it was loaded in this process (its module is the old
@@ -397,8 +401,8 @@ def code_of(exp) -> dict:
         if not Path(info["path"]).is_file() or file_sha256(info["path"]) != info["sha256"]:
             raise ExperimentError(f"{info['path']} changed since it was loaded: run it by its path "
                                   f"({info['path']}:{info['name']}) to load the new code")
-        return code_identity(exp, info["path"])
-    return code_identity(exp)
+        return code_identity(exp, info["path"], config=config)
+    return code_identity(exp, config=config)
 
 
 def resolve_config(exp_id: str, preset: str = "quick", overrides: dict | None = None, seeds: int | None = None):
@@ -659,11 +663,12 @@ def identify(exp, config, preset: str, code: dict | None = None, *, backend: str
 
     Args:
         exp: the experiment; config: its validated config; preset: the preset it starts from.
-        code: its code identity (computed if None).
+        code: its code identity (computed for this config if None; an experiment with ``extensions`` is always
+            computed for this config).
         backend: ``auto``, ``native`` or ``xla`` (resolved here: ``auto`` is native on a CPU).
     """
     resolved = config.model_dump(mode="json")
-    code = code_of(exp) if code is None else code
+    code = code_of(exp, config) if code is None or getattr(exp, "extensions", None) is not None else code
     chosen = check_backend(backend)
     return RunIdentity(exp.id, preset, resolved, code, run_key(exp.id, resolved, version=__version__,
                                                                code=code["digest"], backend=chosen),

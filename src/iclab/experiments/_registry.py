@@ -55,6 +55,11 @@ class Experiment:
             one shard's arrays; ``assemble(config, {name: arrays}, reporter) -> dict[str, array]``: the
             arrays ``run`` would return, from every shard's (it may compute cheap shared things, e.g.
             closed forms). ``run`` stays the whole grid in one process (the efficient form on one machine).
+        extensions: ``extensions(config) -> list``: the objects from outside the experiment's own modules that a
+            resolved config uses by name (e.g. a drift family of one's own named in ``lab.drift_families``'s
+            ``families``: :func:`iclab.experiments.lab.drift_families.register_drift_family`). Their code and
+            values enter the run's key (:func:`iclab.provenance.code_identity`), so that editing a registered
+            extension computes again instead of serving the old one's result (optional).
     """
 
     id: str
@@ -74,6 +79,7 @@ class Experiment:
     shards: Callable | None = None
     run_shard: Callable | None = None
     assemble: Callable | None = None
+    extensions: Callable | None = None
 
     @property
     def builtin(self) -> bool:

@@ -98,8 +98,8 @@ class DriftFamily:
     data model: x_i ~ N(0, Λ) iid, y_i = x_iᵀ w_i + σ ε_i, the tasks a zero-mean process independent of both
     (the premise of :mod:`iclab.theory.nonstationary`'s R*(λ)).
 
-    A family's code is not part of a stored run's key: the store reuses a run of the same family name and values,
-    so rename a family (or run with ``--force``) after changing its definition.
+    A family of one's own is part of a stored run's key (``Experiment.extensions``): the files defining its
+    functions, or their source where no file holds them, and its other values, so editing it computes again.
 
     Attributes:
         name: the registry key, an entry of the config's ``families``.
@@ -175,6 +175,16 @@ def unregister_drift_family(name: str) -> None:
     family = _DRIFT_FAMILIES.get(name)
     if family is not None and family.field is None:
         del _DRIFT_FAMILIES[name]
+
+
+def own_families(config) -> list[DriftFamily]:
+    """The families of one's own (not built in) that a config names: the experiment's ``extensions``, whose code
+    enters the run's key (:func:`iclab.provenance.code_identity`).
+
+    Args:
+        config: a :class:`DriftFamiliesConfig`.
+    """
+    return [_DRIFT_FAMILIES[f] for f in config.families if f in _DRIFT_FAMILIES and _DRIFT_FAMILIES[f].field is None]
 
 
 def drift_families() -> dict[str, DriftFamily]:
@@ -768,6 +778,7 @@ register(
         checks=checks_drift_families,
         plot=plot_drift_families,
         memory=memory_drift_families,
+        extensions=own_families,
         notes=[
             "Not in the papers: every setting is ours. The predictor class is drift's eq 15 with a free readout Γ; "
             "its exact risk R*(λ) for any task autocovariance is iclab.theory.nonstationary (derived there).",
