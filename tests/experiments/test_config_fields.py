@@ -12,7 +12,7 @@ import inspect
 import pkgutil
 import re
 import sys
-from typing import ClassVar, Literal, get_args, get_origin
+from typing import Annotated, ClassVar, Literal, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel, Field
@@ -44,6 +44,14 @@ def _bounds(info) -> dict:
     return {a: getattr(m, a) for m in info.metadata for a in ("ge", "gt", "le", "lt") if getattr(m, a, None) is not None}
 
 
+def _wider(own: dict, engine: dict) -> bool:
+    """Whether bounds ``own`` (ge/gt/le/lt) admit a value that the engine's ``engine`` refuse."""
+    lower = max((own[a] for a in ("ge", "gt") if a in own), default=None)
+    upper = min((own[a] for a in ("le", "lt") if a in own), default=None)
+    return any(a in engine and (lower is None or lower < engine[a]) for a in ("ge", "gt")) or \
+        any(a in engine and (upper is None or upper > engine[a]) for a in ("le", "lt"))
+
+
 def duplicated_fields(config: type[BaseModel], spec: type[BaseModel]) -> list[str]:
     """The fields of ``config`` named as a field of ``spec`` but not taken from the engine's declaration."""
     bad = []
@@ -62,10 +70,7 @@ def duplicated_fields(config: type[BaseModel], spec: type[BaseModel]) -> list[st
         if mine.description != theirs.description or not narrowed:
             bad.append(f"{owner.__qualname__}.{name}: type or description differs from {spec.__name__}'s")
         engine, own = _bounds(theirs), _bounds(mine)
-        lower = max((own[a] for a in ("ge", "gt") if a in own), default=None)
-        upper = min((own[a] for a in ("le", "lt") if a in own), default=None)
-        if any(a in engine and (lower is None or lower < engine[a]) for a in ("ge", "gt")) or \
-                any(a in engine and (upper is None or upper > engine[a]) for a in ("le", "lt")):
+        if _wider(own, engine):
             bad.append(f"{owner.__qualname__}.{name}: bounds {own} wider than {spec.__name__}'s {engine}")
     return bad
 
@@ -116,15 +121,12 @@ def copied_fields(config: type[BaseModel], spec: type[BaseModel]) -> list[str]:
                 bad.append(f"{owner.__qualname__}.{name}: description is not '<label>: ' + {spec.__name__}'s")
         else:
             (element,) = get_args(mine.annotation) if get_origin(mine.annotation) is list else (None,)
-            own_type, *metadata = get_args(element) if element is not None else (None,)
+            own_type, *metadata = get_args(element) if get_origin(element) is Annotated else (element,)
             own_bounds = {a: v for info in metadata for a, v in _bounds(info).items()}
         if not (own_type == theirs.annotation or own_type in get_args(theirs.annotation)):
             bad.append(f"{owner.__qualname__}.{name}: type {own_type} is not {spec.__name__}.{field}'s")
         engine = _bounds(theirs)
-        lower = max((own_bounds[a] for a in ("ge", "gt") if a in own_bounds), default=None)
-        upper = min((own_bounds[a] for a in ("le", "lt") if a in own_bounds), default=None)
-        if any(a in engine and (lower is None or lower < engine[a]) for a in ("ge", "gt")) or \
-                any(a in engine and (upper is None or upper > engine[a]) for a in ("le", "lt")):
+        if _wider(own_bounds, engine):
             bad.append(f"{owner.__qualname__}.{name}: bounds {own_bounds} wider than {spec.__name__}.{field}'s {engine}")
     return bad
 
@@ -235,6 +237,18 @@ def test_the_check_fails_on_suffixed_copies_and_grids_declared_by_hand():
         "RedeclaredBelow.lr_m declared anew (not taken from LinregSettings.lr with engine_fields(..., suffix=))"]
     assert local(copied_fields(WrongSource, LinregSettings)) == [
         "WrongSource.steps_x declared anew (not taken from LinregSettings.steps with engine_fields(..., suffix=))"]
+    # a hand declaration that records itself as taken still fails on its description, type and bounds
+    class Impostor(ExperimentConfig):
+        lr_x: float = param(0.1, "ATTN_X GD learning rate", gt=0, le=1e9)
+        ranks: list[float] = param([1.0], "ranks")
+
+    Impostor.__engine_fields__ = {"lr_x": (LinregSettings, "lr")}
+    Impostor.__engine_grids__ = {"ranks": (LinregSettings, "R")}
+    assert local(copied_fields(Impostor, LinregSettings)) == sorted([
+        "Impostor.ranks: type <class 'float'> is not LinregSettings.R's",
+        "Impostor.ranks: bounds {} wider than LinregSettings.R's {'ge': 1, 'le': 1024}",
+        "Impostor.lr_x: description is not '<label>: ' + LinregSettings's",
+        "Impostor.lr_x: bounds {'gt': 0, 'le': 1000000000.0} wider than LinregSettings.lr's {'gt': 0, 'le': 1000000.0}"])
     # what the detector counts as a copy, and what not
     assert copy_of("record_every_s", LinregSettings) == ("suffixed", "record_every")
     assert copy_of("heads_m", LinregSettings) == ("grid", "H") and copy_of("ranks", LinregSettings) == ("grid", "R")
