@@ -30,8 +30,8 @@ def test_config_requires_small_and_large_increasing_inits():
         fig6.Fig6Config(w_inits_s=[1e-2, 1e-1, 1.0])
     with pytest.raises(ValueError, match="largest"):
         fig6.Fig6Config(w_inits_m=[1e-6, 1e-4, 1e-3], fit_max_init=1e-2)
-    # an init scale the training specification refuses is a config error before anything runs
-    with pytest.raises(ValueError, match="training specification: w_init"):
+    # an init scale outside the engine's w_init bounds is refused by the grid's element bounds, before anything runs
+    with pytest.raises(ValueError, match=r"w_inits_m\.3\n  Input should be less than or equal to 1000"):
         fig6.Fig6Config(w_inits_m=[1e-6, 1e-4, 1e-2, 1e4])
 
 

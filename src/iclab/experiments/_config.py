@@ -8,21 +8,25 @@ A field that an engine's specification declares (:class:`iclab.engines.linreg.Li
 lr, steps, P, ...) is not declared again: the config takes it with :func:`engine_fields`, giving only its
 default, the paper's value and, where the figure needs them, narrower bounds or fewer choices
 (:func:`setting`). The type, bounds and description stay the engine's, so a config and the engine cannot
-disagree on what a field is.
+disagree on what a field is. A figure that trains two models side by side takes the fields once per model
+under a suffix (``engine_fields(LinregSettings, suffix="_m", label="ATTN_M", H=...)``: ``H_m``), and a sweep
+grid of an engine field (the init scales of a sweep, the ranks of a rank sweep) is a list declared with
+:func:`engine_grid`, whose elements have the engine field's type and bounds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import types
-from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
-__all__ = ["EngineFields", "ExperimentConfig", "Setting", "TrainingConfig", "engine_fields", "field_rows", "param",
-           "setting", "validate_eigenvalues"]
+__all__ = ["EngineFields", "EngineGrid", "ExperimentConfig", "Setting", "TrainingConfig", "engine_fields",
+           "engine_grid", "field_rows", "param", "setting", "validate_eigenvalues"]
 
 UNSPECIFIED = "unspecified"
 
@@ -70,14 +74,19 @@ def setting(default: Any, *, paper: Any = None, paper_note: str | None = None, c
 
 
 class EngineFields(dict):
-    """{field name: :class:`Setting`} taken from one engine specification (:func:`engine_fields`)."""
+    """{engine field name: :class:`Setting`} taken from one engine specification (:func:`engine_fields`), each
+    becoming the config field ``name + suffix``."""
 
-    def __init__(self, spec: type[BaseModel], settings: dict[str, Setting]):
+    def __init__(self, spec: type[BaseModel], settings: dict[str, Setting], suffix: str = "", label: str | None = None):
         super().__init__(settings)
-        self.spec = spec
+        self.spec, self.suffix, self.label = spec, suffix, label
 
 
-def engine_fields(spec: type[BaseModel], **settings: Setting) -> EngineFields:
+_SUFFIX = re.compile(r"_[a-z][a-z0-9]*")
+
+
+def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None = None,
+                  **settings: Setting) -> EngineFields:
     """Fields of a config taken from an engine's specification, declared there once.
 
     Assigned in a config's body as a ``ClassVar`` (``linreg: ClassVar = engine_fields(LinregSettings, H=setting(8,
@@ -86,20 +95,82 @@ def engine_fields(spec: type[BaseModel], **settings: Setting) -> EngineFields:
     the engine allows to be None (P: not needed by the population engine) is taken without None when its default
     is a value.
 
+    A config that trains several models side by side takes the fields once per model, each group under its
+    ``suffix`` and ``label``: ``engine_fields(LinregSettings, suffix="_m", label="softmax ATTN_M", H=setting(8))``
+    adds ``H_m``, of the engine's type and bounds (narrowable only), described as ``"softmax ATTN_M: "`` followed
+    by the engine's description. A suffixed field is not read by :meth:`iclab.engines.linreg.LinregTraining.of`
+    (its name is not the engine's): the config passes it to the run's specification itself.
+
+    A list of values of an engine field that a config sweeps (the init scales of an init sweep, the ranks of a
+    rank sweep) is a different thing from the field, a grid: it keeps a name and description of its own and is
+    declared with :func:`engine_grid`, whose elements have the engine field's type and bounds (narrowable only).
+    A field whose name is an engine field's with a suffix (``lr_s``) or a plural (``w_inits_m``, ``heads_m``,
+    ``ranks``) is taken with one of the two (``tests/experiments/test_config_fields.py`` enforces it).
+
     Args:
         spec: the engine's pydantic specification (e.g. :class:`iclab.engines.linreg.LinregSettings`).
-        settings: field name -> :func:`setting`.
+        suffix: appended to each field's name (``_`` then lowercase letters or digits, e.g. ``_m``); empty: the
+            engine's names.
+        label: with a suffix (and only then), the model the group belongs to, put before the engine's
+            description as ``"{label}: {description}"``.
+        settings: engine field name -> :func:`setting`.
     Returns:
         The :class:`EngineFields`, which :class:`ExperimentConfig` expands when the class is created.
     Raises:
-        TypeError: a name that is not a field of ``spec``, or a value that is not a :func:`setting`.
+        TypeError: a name that is not a field of ``spec``, a value that is not a :func:`setting`, a malformed
+            suffix, or a suffix without a label (or a label without a suffix).
     """
+    if suffix and not _SUFFIX.fullmatch(suffix):
+        raise TypeError(f"suffix must be '_' then lowercase letters or digits, e.g. '_m' (got {suffix!r})")
+    if bool(suffix) != bool(label):
+        raise TypeError("give a suffix and a label together (the label names the model the suffixed fields belong to)")
     for name, value in settings.items():
         if name not in spec.model_fields:
             raise TypeError(f"{name!r} is not a field of {spec.__name__}")
         if not isinstance(value, Setting):
             raise TypeError(f"{name}: give iclab.experiments.setting(default, paper=...), not {type(value).__name__}")
-    return EngineFields(spec, settings)
+    return EngineFields(spec, settings, suffix, label)
+
+
+class EngineGrid(NamedTuple):
+    """A list of values of one engine field (a sweep grid), declared by :func:`engine_grid`."""
+
+    spec: type
+    name: str
+    default: Any
+    description: str
+    paper: Any = None
+    paper_note: str | None = None
+    bounds: dict | None = None
+
+
+def engine_grid(spec: type[BaseModel], name: str, default: list, description: str, *, paper: Any = None,
+                paper_note: str | None = None, **bounds: Any) -> EngineGrid:
+    """A config field holding several values of the engine field ``name`` (a sweep grid), each element of the
+    engine field's type and within its bounds.
+
+    Declared in a config's body with its list type, ``w_inits_m: list[float] = engine_grid(LinregSettings,
+    "w_init", [1e-6, 1e-3, 1.0], "ATTN_M init scales w_init (eq 34), increasing")``: the field keeps its own
+    name, description and paper value (a grid is not the field), and :class:`ExperimentConfig` gives its elements
+    the engine field's type and bounds, narrowed by ``bounds``. What a grid needs beyond that (distinct,
+    increasing, at least some length) stays the config's own validator.
+
+    Args:
+        spec: the engine's pydantic specification (e.g. :class:`iclab.engines.linreg.LinregSettings`).
+        name: the engine field whose values the list holds.
+        default: our default list.
+        description: what the grid is, in the paper's terms.
+        paper: the paper's (or its reference code's) list; None when it gives none.
+        paper_note: where the paper's value comes from, or that the paper leaves it unspecified.
+        bounds: ge, gt, le, lt of each element, narrower than the engine field's.
+    Returns:
+        The :class:`EngineGrid`, which :class:`ExperimentConfig` expands when the class is created.
+    Raises:
+        TypeError: a name that is not a field of ``spec``.
+    """
+    if name not in spec.model_fields:
+        raise TypeError(f"{name!r} is not a field of {spec.__name__}")
+    return EngineGrid(spec, name, list(default), description, paper, paper_note, bounds or None)
 
 
 _LOWER, _UPPER = ("ge", "gt"), ("le", "lt")
@@ -110,21 +181,19 @@ def _engine_bounds(info: FieldInfo) -> dict:
             if getattr(meta, attr, None) is not None}
 
 
-def _taken_field(spec: type[BaseModel], name: str, s: Setting, inherited: FieldInfo | None) -> tuple[Any, FieldInfo]:
-    """The annotation and FieldInfo of ``spec``'s field ``name`` with the config's default, paper value and narrowing
-    (of the engine's bounds and choices, or of those a base config took when it re-takes the field)."""
-    info = spec.model_fields[name]
-    annotation = info.annotation if inherited is None else inherited.annotation
-    if get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation) and s.default is not None:
+def _without_none(annotation):
+    """``annotation`` without None (``int | None`` → ``int``)."""
+    if get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation):
         rest = tuple(a for a in get_args(annotation) if a is not type(None))
-        annotation = rest[0] if len(rest) == 1 else Union[rest]
-    if s.choices is not None:
-        allowed = get_args(annotation) if get_origin(annotation) is Literal else ()
-        if not s.choices or not set(s.choices) <= set(allowed):
-            raise TypeError(f"{name}: choices must be some of {spec.__name__}'s {', '.join(map(str, allowed)) or 'none'}")
-        annotation = Literal[s.choices]
-    bounds = _engine_bounds(info if inherited is None else inherited)
-    for attr, value in (s.bounds or {}).items():
+        return rest[0] if len(rest) == 1 else Union[rest]
+    return annotation
+
+
+def _narrowed(spec: type[BaseModel], name: str, bounds: dict, narrower: dict | None) -> dict:
+    """``bounds`` (the engine's, or a base config's) replaced side by side by ``narrower``, which may only narrow
+    them; ordered ge, gt, le, lt."""
+    bounds = dict(bounds)
+    for attr, value in (narrower or {}).items():
         side = _LOWER if attr in _LOWER else _UPPER if attr in _UPPER else None
         if side is None:
             raise TypeError(f"{name}: bounds are ge, gt, le, lt (got {attr})")
@@ -134,9 +203,42 @@ def _taken_field(spec: type[BaseModel], name: str, s: Setting, inherited: FieldI
         for a in side:
             bounds.pop(a, None)
         bounds[attr] = value
-    ordered = {a: bounds[a] for a in _LOWER + _UPPER if a in bounds}
+    return {a: bounds[a] for a in _LOWER + _UPPER if a in bounds}
+
+
+def _taken_field(spec: type[BaseModel], name: str, s: Setting, inherited: FieldInfo | None,
+                 label: str | None = None) -> tuple[Any, FieldInfo]:
+    """The annotation and FieldInfo of ``spec``'s field ``name`` with the config's default, paper value and narrowing
+    (of the engine's bounds and choices, or of those a base config took when it re-takes the field), its description
+    prefixed ``"{label}: "`` when the field is taken under a suffix."""
+    info = spec.model_fields[name]
+    annotation = info.annotation if inherited is None else inherited.annotation
+    if s.default is not None:
+        annotation = _without_none(annotation)
+    if s.choices is not None:
+        allowed = get_args(annotation) if get_origin(annotation) is Literal else ()
+        if not s.choices or not set(s.choices) <= set(allowed):
+            raise TypeError(f"{name}: choices must be some of {spec.__name__}'s {', '.join(map(str, allowed)) or 'none'}")
+        annotation = Literal[s.choices]
+    ordered = _narrowed(spec, name, _engine_bounds(info if inherited is None else inherited), s.bounds)
     extra = {"paper": s.paper, "paper_note": s.paper_note}
-    return annotation, Field(s.default, description=info.description, json_schema_extra=extra, **ordered)
+    description = info.description if label is None else f"{label}: {info.description}"
+    return annotation, Field(s.default, description=description, json_schema_extra=extra, **ordered)
+
+
+def _grid_field(grid: EngineGrid, field: str, annotation: Any) -> tuple[Any, FieldInfo]:
+    """The annotation ``list[Annotated[T, bounds]]`` (T and bounds the engine field's, narrowed) and FieldInfo of a
+    config's grid field ``field``, declared as ``list[T]``."""
+    info = grid.spec.model_fields[grid.name]
+    element = _without_none(info.annotation)
+    written = annotation.replace(" ", "") if isinstance(annotation, str) else annotation
+    if written not in (f"list[{getattr(element, '__name__', element)}]", list[element]):
+        raise TypeError(f"{field}: a grid of {grid.spec.__name__}.{grid.name} is declared as "
+                        f"list[{getattr(element, '__name__', element)}] (got {annotation})")
+    ordered = _narrowed(grid.spec, f"{field} (elements)", _engine_bounds(info), grid.bounds)
+    extra = {"paper": grid.paper, "paper_note": grid.paper_note}
+    return list[Annotated[element, Field(**ordered)]], Field(grid.default, description=grid.description,
+                                                             json_schema_extra=extra)
 
 
 class ExperimentConfig(BaseModel):
@@ -151,29 +253,38 @@ class ExperimentConfig(BaseModel):
 
     def __init_subclass__(cls, **kwargs):
         # Before pydantic collects the fields: each engine_fields group becomes fields at its place in the class
-        # body, with the engine's type, bounds and description. __engine_fields__ records where each came from
-        # (this class's own; tests/experiments/test_config_fields.py walks them).
+        # body (named field + suffix), with the engine's type, bounds and description, and each engine_grid field
+        # a list of elements of the engine field's type and bounds. __engine_fields__ records where each came from
+        # ({config field: (spec, engine field)}, this class's own) and __engine_grids__ likewise the grids
+        # (tests/experiments/test_config_fields.py walks them).
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__annotations__", {})
-        expanded, taken = {}, {}
+        expanded, taken, grids = {}, {}, {}
         for name, annotation in own.items():
             group = cls.__dict__.get(name)
             expanded[name] = annotation
+            if isinstance(group, EngineGrid):
+                expanded[name], info = _grid_field(group, name, annotation)
+                setattr(cls, name, info)
+                grids[name] = (group.spec, group.name)
+                continue
             if not isinstance(group, EngineFields):
                 continue
-            for field, s in group.items():
+            for engine_name, s in group.items():
+                field = engine_name + group.suffix
                 if field in own or field in taken:
                     raise TypeError(f"{cls.__name__}.{field} is declared twice: by hand and taken from "
                                     f"{group.spec.__name__}")
                 inherited = next((base.model_fields[field] for base in cls.__mro__[1:]
                                   if field in vars(base).get("__engine_fields__", {})), None)
-                expanded[field], info = _taken_field(group.spec, field, s, inherited)
+                expanded[field], info = _taken_field(group.spec, engine_name, s, inherited, group.label)
                 setattr(cls, field, info)
-                taken[field] = group.spec
-        if taken:
+                taken[field] = (group.spec, engine_name)
+        if taken or grids:
             own.clear()
             own.update(expanded)
         cls.__engine_fields__ = taken  # this class's own: a subclass that declares a field by hand is not covered
+        cls.__engine_grids__ = grids
 
     @model_validator(mode="before")
     @classmethod
@@ -295,14 +406,18 @@ def field_rows(config_cls: type[BaseModel], presets: dict[str, dict]) -> list[di
         presets: preset name -> field overrides.
     """
     rows = []
+    symbols = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
     for name, info in config_cls.model_fields.items():
         extra = info.json_schema_extra or {}
-        bounds = []
-        for meta in info.metadata:
-            for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
-                if getattr(meta, attr, None) is not None:
-                    bounds.append(f"{sym} {getattr(meta, attr)}")
+        bounds = [f"{sym} {getattr(meta, attr)}" for meta in info.metadata for attr, sym in symbols
+                  if getattr(meta, attr, None) is not None]
         annotation = info.annotation
+        element = get_args(annotation)[0] if get_origin(annotation) is list and get_args(annotation) else None
+        if get_origin(element) is Annotated:  # a grid of an engine field (engine_grid): the elements' bounds
+            element, *metadata = get_args(element)
+            bounds += [f"each {sym} {getattr(m, attr)}" for info_m in metadata for m in info_m.metadata
+                       for attr, sym in symbols if getattr(m, attr, None) is not None]
+            annotation = list[element]
         if get_origin(annotation) is Literal:
             type_name = "one of " + ", ".join(str(a) for a in get_args(annotation))
         else:

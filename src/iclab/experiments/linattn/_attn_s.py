@@ -15,7 +15,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg
 from iclab.engines.linreg import LinregTraining
 from iclab.experiments._analysis import drop_intervals, first_rise
-from iclab.experiments._config import engine_fields, param, setting
+from iclab.experiments._config import engine_fields, engine_grid, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments.linattn._common import CovarianceConfig, keys_and_covariances, statistics_memory, training_spec
 from iclab.theory import linattn as theory
@@ -356,7 +356,8 @@ def head_escapes(t, loss, v, levels, active: float, frac: float = 0.5) -> list[t
 class RankConfig(AttnSConfig):
     """The Fig 3 setup at several ranks R, one column each, on the same data (Figs 11, 13)."""
 
-    ranks: list[int] = param([2, 3, 4], "ranks R of the key and query matrices, one column each", paper=[2, 3, 4])
+    ranks: list[int] = engine_grid(LinregTraining, "R", [2, 3, 4], "ranks R of the key and query matrices, one column "
+                                   "each", paper=[2, 3, 4])
     population_beside: bool = param(False, "also run population GD from the same init (not used here)")
     show_seed: int = param(0, "seed whose v_i are shown", ge=0, le=1023)
     active_frac: float = param(0.5, "a head is active if its final |v_i| exceeds this fraction of min_d v*_d; it "
@@ -365,7 +366,7 @@ class RankConfig(AttnSConfig):
     @field_validator("ranks")
     @classmethod
     def _ranks(cls, value):
-        if not value or any(r < 1 for r in value):
+        if not value:  # each ≥ 1: the engine's bounds of R (engine_grid)
             raise ValueError("ranks must be a non-empty list of integers ≥ 1")
         return value
 

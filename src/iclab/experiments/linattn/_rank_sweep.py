@@ -13,7 +13,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg, moments
 from iclab.engines.linreg import LinregSettings, LinregTraining, Statistics
 from iclab.experiments._analysis import drop_tolerance, plateau_dwell
-from iclab.experiments._config import engine_fields, param, setting
+from iclab.experiments._config import engine_fields, engine_grid, param, setting
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments.checks import check_abs, check_at_least
 from iclab.experiments._memory import records, total
@@ -54,8 +54,9 @@ class RankSweepConfig(CovarianceConfig):
         P=setting(80_000, paper=80_000, paper_note="reference code: --trainset_size 80000", le=10_000_000),
         record_every=setting(20, le=1_000_000),
     )
-    ranks: list[int] = param([1, 2, 4, 8], "ranks R of the key and query of each head, one panel each",
-                             paper=[1, 2, 4, 8], paper_note="Fig 4; Fig 12: 3, 5, 6, 7")
+    ranks: list[int] = engine_grid(LinregSettings, "R", [1, 2, 4, 8],
+                                   "ranks R of the key and query of each head, one panel each",
+                                   paper=[1, 2, 4, 8], paper_note="Fig 4; Fig 12: 3, 5, 6, 7")
     seeds: int = param(6, "independent seeds (init and data), run together with vmap", paper=6, ge=1, le=1024)
     statistics: Statistics = param(
         "direct", "how the moments engine's statistics are drawn: the prompts themselves (prompts) or their "
@@ -66,7 +67,7 @@ class RankSweepConfig(CovarianceConfig):
     @field_validator("ranks")
     @classmethod
     def _ranks(cls, value):
-        if not value or len(set(value)) != len(value) or any(r < 1 for r in value):
+        if not value or len(set(value)) != len(value):  # each ≥ 1: the engine's bounds of R (engine_grid)
             raise ValueError("ranks must be distinct integers ≥ 1")
         return value
 

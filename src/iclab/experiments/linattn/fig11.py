@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from iclab.engines.linreg import LinregSettings
-from iclab.experiments._config import engine_fields, param, setting
+from iclab.experiments._config import engine_fields, engine_grid, param, setting
 from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
@@ -20,7 +20,8 @@ from iclab.experiments.linattn._common import PAPER
 
 class Fig11Config(RankConfig):
     linreg: ClassVar = engine_fields(LinregSettings, H=setting(5, paper=5, paper_note="Fig 11 caption"))
-    ranks: list[int] = param([2, 3, 4], "ranks R of the key and query matrices, one column each", paper=[2, 3, 4])
+    ranks: list[int] = engine_grid(LinregSettings, "R", [2, 3, 4], "ranks R of the key and query matrices, one column "
+                                   "each", paper=[2, 3, 4])
     seeds: int = param(6, "random initialisations per rank", paper=6,
                        paper_note="unspecified for Fig 11; Fig 3's six", ge=1, le=1024)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from iclab.experiments._config import param
+from iclab.engines.linreg import LinregSettings
+from iclab.experiments._config import engine_grid
 from iclab.experiments import Experiment, register
 from iclab.experiments.linattn._common import PAPER
 from iclab.experiments.linattn._rank_sweep import (
@@ -11,8 +12,9 @@ from iclab.experiments.linattn._rank_sweep import (
 
 
 class Fig12Config(RankSweepConfig):
-    ranks: list[int] = param([3, 5, 6, 7], "ranks R of the key and query of each head, one panel each",
-                             paper=[3, 5, 6, 7], paper_note="Fig 12 (Fig 4: 1, 2, 4, 8)")
+    ranks: list[int] = engine_grid(LinregSettings, "R", [3, 5, 6, 7],
+                                   "ranks R of the key and query of each head, one panel each",
+                                   paper=[3, 5, 6, 7], paper_note="Fig 12 (Fig 4: 1, 2, 4, 8)")
 
 
 register(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iclab.experiments._config import param
+from iclab.engines.linreg import LinregSettings
+from iclab.experiments._config import engine_grid, param
 from iclab.experiments._plot import figure
 from iclab.experiments import Experiment, register
 from iclab.experiments.checks import check_at_most, check_equal
@@ -20,8 +21,9 @@ class Fig13Config(RankConfig):
     eigenvalues: list[float] | None = param(
         [0.35, 0.35, 0.15, 0.15], "eigenvalues of Λ (length D, all > 0)", paper=[0.35, 0.35, 0.15, 0.15],
         paper_note="Fig 13 caption")
-    ranks: list[int] = param([1, 2, 3, 4], "ranks R of the key and query matrices, one column each", paper=None,
-                             paper_note="unspecified: four panels differing in R, presumably 1-4")
+    ranks: list[int] = engine_grid(LinregSettings, "R", [1, 2, 3, 4], "ranks R of the key and query matrices, one "
+                                   "column each", paper=None,
+                                   paper_note="unspecified: four panels differing in R, presumably 1-4")
     seeds: int = param(6, "random initialisations per rank", paper=6, paper_note="Fig 3's six", ge=1, le=1024)
 
 

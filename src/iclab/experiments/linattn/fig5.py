@@ -33,20 +33,23 @@ class Fig5Config(CovarianceConfig):
         rho=setting(1.0, paper=None, paper_note="unspecified; reference code: ρ = 1, query among the keys"),
         P=setting(5000, paper=5000, paper_note="reference code default", le=1_000_000),
     )
-    H_m: int = param(8, "softmax ATTN_M heads (Fig 1 setup)", paper=8, ge=1, le=1024)
-    w_init_m: float = param(1e-6, "softmax ATTN_M init scale (eq 34)", paper=1e-6,
-                            paper_note="Fig 1's init; unspecified for Fig 5", gt=0, le=10)
-    lr_m: float = param(0.1, "softmax ATTN_M GD learning rate", paper=None,
-                        paper_note="unspecified; GD at 0.031 (Fig 1's) gives the same curves on t = Σ lr", gt=0, le=10)
-    steps_m: int = param(6000, "softmax ATTN_M GD steps", ge=1, le=10_000_000)
-    H_s: int = param(4, "softmax ATTN_S rank-one heads (Fig 3 setup)", paper=4,
-                     paper_note="Fig 3 caption; reference code: 5", ge=1, le=1024)
-    w_init_s: float = param(0.05, "softmax ATTN_S init scale (eq 36)", paper=None,
-                            paper_note="unspecified; ≈ the reference code's Fig 3 init 0.01 in eq-36 units", gt=0, le=10)
-    lr_s: float = param(0.197, "softmax ATTN_S GD learning rate", paper=None,
-                        paper_note="unspecified; the reference code's Fig 3 lr 0.02 × N^{2/3} (linattn._common)", gt=0, le=10)
-    steps_s: int = param(10_000, "softmax ATTN_S GD steps", paper=10_000,
-                         paper_note="reference code (Fig 3): 10001 epochs", ge=1, le=10_000_000)
+    attn_m: ClassVar = engine_fields(
+        LinregSettings, suffix="_m", label="softmax ATTN_M",
+        H=setting(8, paper=8, paper_note="Fig 1 setup", le=1024),
+        w_init=setting(1e-6, paper=1e-6, paper_note="Fig 1's init (eq 34); unspecified for Fig 5", le=10),
+        lr=setting(0.1, paper=None, paper_note="unspecified; GD at 0.031 (Fig 1's) gives the same curves on t = Σ lr",
+                   le=10),
+        steps=setting(6000, ge=1, le=10_000_000),
+    )
+    attn_s: ClassVar = engine_fields(
+        LinregSettings, suffix="_s", label="softmax ATTN_S (rank-one heads)",
+        H=setting(4, paper=4, paper_note="Fig 3 caption; reference code: 5", le=1024),
+        w_init=setting(0.05, paper=None,
+                       paper_note="unspecified; ≈ the reference code's Fig 3 init 0.01 in eq-36 units", le=10),
+        lr=setting(0.197, paper=None,
+                   paper_note="unspecified; the reference code's Fig 3 lr 0.02 × N^{2/3} (linattn._common)", le=10),
+        steps=setting(10_000, paper=10_000, paper_note="reference code (Fig 3): 10001 epochs", ge=1, le=10_000_000),
+    )
     recording: ClassVar = engine_fields(LinregSettings, record_every=setting(20, le=1_000_000))
 
     def training(self, name: str) -> LinregTraining:

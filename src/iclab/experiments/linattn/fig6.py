@@ -12,7 +12,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg, population
 from iclab.engines.linreg import LinregSettings, LinregTraining
 from iclab.experiments._analysis import count_drops, first_rise
-from iclab.experiments._config import engine_fields, param, setting
+from iclab.experiments._config import engine_fields, engine_grid, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, THEORY_STYLE, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -24,15 +24,18 @@ from iclab.theory import linattn as theory
 
 class Fig6Config(CovarianceConfig):
     N: int = param(31, "context pairs per prompt N", paper=31, ge=1, le=100_000)
-    H_m: int = param(8, "ATTN_M heads (Fig 1 setup)", paper=8, ge=1, le=1024)
-    H_s: int = param(4, "ATTN_S rank-one heads (Fig 3 setup)", paper=4,
-                     paper_note="Fig 3 caption; reference code: 5", ge=1, le=1024)
-    w_inits_m: list[float] = param(
-        [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 3.0], "ATTN_M init scales w_init (eq 34), increasing",
+    attn_m: ClassVar = engine_fields(LinregSettings, suffix="_m", label="ATTN_M",
+                                     H=setting(8, paper=8, paper_note="Fig 1 setup", le=1024))
+    attn_s: ClassVar = engine_fields(LinregSettings, suffix="_s", label="ATTN_S (rank-one heads)",
+                                     H=setting(4, paper=4, paper_note="Fig 3 caption; reference code: 5", le=1024))
+    w_inits_m: list[float] = engine_grid(
+        LinregSettings, "w_init", [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 3.0],
+        "ATTN_M init scales w_init (eq 34), increasing",
         paper=None, paper_note="unspecified; the largest must be in the lazy regime (≳ the converged weights)",
     )
-    w_inits_s: list[float] = param(
-        [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0], "ATTN_S init scales w_init (eq 36), increasing",
+    w_inits_s: list[float] = engine_grid(
+        LinregSettings, "w_init", [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0],
+        "ATTN_S init scales w_init (eq 36), increasing",
         paper=None, paper_note="unspecified; plateaus grow as 1/w_init, so the smallest sets the run length",
     )
     fit_max_init: float = param(1e-2, "inits ≤ this are 'small': they enter the slope fits and the eq-71 check",
@@ -46,7 +49,8 @@ class Fig6Config(CovarianceConfig):
     @field_validator("w_inits_m", "w_inits_s")
     @classmethod
     def _increasing(cls, value):
-        if len(value) < 3 or any(not (w > 0) for w in value) or any(b <= a for a, b in zip(value, value[1:])):
+        # each in the engine's bounds of w_init, > 0 (engine_grid)
+        if len(value) < 3 or any(b <= a for a, b in zip(value, value[1:])):
             raise ValueError("must hold at least 3 positive, strictly increasing init scales")
         return value
 

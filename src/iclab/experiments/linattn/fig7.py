@@ -32,30 +32,35 @@ class Fig7Config(CovarianceConfig):
         "context", "attention normalisation of position n: context (1/(n−1), the paper's 1/N) or tokens (1/n)",
         paper="context", paper_note="the reference code's --vary_len divides by the token count n incl. the query",
     )
-    H_m: int = param(8, "ATTN_M heads (Fig 1 setup)", paper=8, ge=1, le=1024)
-    H_s: int = param(4, "ATTN_S heads (Fig 3 setup)", paper=4, paper_note="Fig 3 caption; reference code: 5", ge=1, le=1024)
+    attn_m: ClassVar = engine_fields(
+        LinregSettings, suffix="_m", label="ATTN_M",
+        H=setting(8, paper=8, paper_note="Fig 1 setup", le=1024),
+        w_init=setting(1e-6, paper=1e-6, paper_note="Fig 1's reference command: --init 1e-6", le=10),
+        lr=setting(0.031, paper=0.031, paper_note="unspecified; reference lr 1e-3 × N (linattn._common), as Fig 1",
+                   le=10),
+        steps=setting(10000, paper=10000,
+                      paper_note="reference Fig 1: 6001 epochs; ours run on until A is within 1e-4 of eq 25",
+                      ge=1, le=10_000_000),
+        record_every=setting(20, le=1_000_000),
+    )
+    attn_s: ClassVar = engine_fields(
+        LinregSettings, suffix="_s", label="ATTN_S",
+        H=setting(4, paper=4, paper_note="Fig 3 caption; reference code: 5", le=1024),
+        w_init=setting(0.1, paper=0.1,
+                       paper_note="unspecified; the reference init .01 maps to ≈ .01–.06 in eq 36 with 1/N; 0.1 "
+                       "lets every seed finish its D drops within the reference's 10001 steps", le=10),
+        lr=setting(0.2, paper=0.2,
+                   paper_note="unspecified; reference lr .02 × N^{2/3} ≈ 0.197 (linattn._common), as Fig 3", le=10),
+        steps=setting(30000, paper=30000,
+                      paper_note="reference Fig 3: 10001 epochs; with H = D heads a head that starts tiny along e_D "
+                      "needs longer for the last drop", ge=1, le=10_000_000),
+        record_every=setting(25, le=1_000_000),
+    )
     rank: ClassVar = engine_fields(LinregSettings, R=setting(1, paper=1, le=64))  # ATTN_S's; ATTN_M has none
-    w_init_m: float = param(1e-6, "ATTN_M init scale w_init (eq 34)", paper=1e-6,
-                            paper_note="Fig 1's reference command: --init 1e-6", gt=0, le=10)
-    w_init_s: float = param(0.1, "ATTN_S init scale w_init (eq 36)", paper=0.1,
-                            paper_note="unspecified; the reference init .01 maps to ≈ .01–.06 in eq 36 with 1/N; 0.1 "
-                            "lets every seed finish its D drops within the reference's 10001 steps", gt=0, le=10)
-    lr_m: float = param(0.031, "ATTN_M GD learning rate (paper convention)", paper=0.031,
-                        paper_note="unspecified; reference lr 1e-3 × N (linattn._common), as Fig 1", gt=0, le=10)
-    lr_s: float = param(0.2, "ATTN_S GD learning rate (paper convention)", paper=0.2,
-                        paper_note="unspecified; reference lr .02 × N^{2/3} ≈ 0.197 (linattn._common), as Fig 3", gt=0, le=10)
-    steps_m: int = param(10000, "ATTN_M GD steps", paper=10000,
-                         paper_note="reference Fig 1: 6001 epochs; ours run on until A is within 1e-4 of eq 25",
-                         ge=1, le=10_000_000)
-    steps_s: int = param(30000, "ATTN_S GD steps", paper=30000,
-                         paper_note="reference Fig 3: 10001 epochs; with H = D heads a head that starts tiny along e_D "
-                         "needs longer for the last drop", ge=1, le=10_000_000)
     # P prompts of N_max + 1 tokens: the moments engine trains on their P·N_max (prompt, position) rows
     data: ClassVar = engine_fields(LinregSettings, P=setting(
         80000, paper=80000, le=1_000_000,
         paper_note="reference Fig 3 ATTN_S runs: 80000 (its default 5000); cost-free in the moments engine"))
-    record_every_m: int = param(20, "ATTN_M: record every this many steps", ge=1, le=1_000_000)
-    record_every_s: int = param(25, "ATTN_S: record every this many steps", ge=1, le=1_000_000)
 
     def training(self, model: str, engine: str) -> LinregTraining:
         """ATTN_M (H_m heads) or ATTN_S (H_s heads of rank R) by GD on the exact expected next-token loss

@@ -10,7 +10,7 @@ from pydantic import field_validator, model_validator
 from iclab.engines import linreg
 from iclab.engines.linreg import LinregSettings, LinregTraining, Statistics
 from iclab.experiments._analysis import count_drops, drop_tolerance
-from iclab.experiments._config import engine_fields, param, setting
+from iclab.experiments._config import engine_fields, engine_grid, param, setting
 from iclab.experiments._memory import records, total
 from iclab.experiments._plot import COLORS, TIME_LABEL, figure, theory_levels
 from iclab.experiments import Experiment, register
@@ -38,28 +38,32 @@ class Fig8Config(CovarianceConfig):
     statistics: Statistics = param(
         "direct", "how the moments engine's statistics are drawn: the prompts (prompts) or their (β, x_q, y_q) "
         "from the exact joint law (direct; same distribution, far fewer random numbers at N = 127)")
-    heads_m: list[int] = param([9, 1], "ATTN_M panels: number of heads H of each", paper=None,
-                               paper_note="unspecified; two panels per model")
-    w_init_m: float = param(1e-6, "ATTN_M init scale w_init (eq 34)", paper=None,
-                            paper_note="unspecified; Fig 1's reference init", gt=0, le=10)
-    lr_m: float = param(0.127, "ATTN_M GD learning rate (paper convention, with 1/N)", paper=None,
-                        paper_note="unspecified; Fig 1's reference lr 1e-3 × N = 127 (linattn._common)", gt=0, le=10)
-    steps_m: int = param(6400, "ATTN_M GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
-    record_every_m: int = param(5, "ATTN_M: record every this many steps", ge=1, le=1_000_000)
-    ranks_s: list[int] = param([1, 2], "ATTN_S panels: rank R of each", paper=None,
-                               paper_note="unspecified; two panels per model")
-    H_s: int = param(9, "ATTN_S heads H", paper=None, paper_note="unspecified; Figs 4, 12 use 9", ge=1, le=256)
-    w_init_s: float = param(0.4, "ATTN_S init scale w_init (eq 36)", paper=None,
-                            paper_note="unspecified; Fig 4's choice", gt=0, le=10)
-    lr_s: float = param(0.02 * 127 ** (2 / 3), "ATTN_S GD learning rate (paper convention, with 1/N)", paper=None,
-                        paper_note="unspecified; Fig 4's reference lr 0.02 × N^{2/3} = 0.505 (linattn._common)", gt=0, le=10)
-    steps_s: int = param(16_000, "ATTN_S GD steps", paper=None, paper_note="unspecified", ge=1, le=10_000_000)
-    record_every_s: int = param(10, "ATTN_S: record every this many steps", ge=1, le=1_000_000)
+    heads_m: list[int] = engine_grid(LinregSettings, "H", [9, 1], "ATTN_M panels: number of heads H of each",
+                                     paper=None, paper_note="unspecified; two panels per model")
+    attn_m: ClassVar = engine_fields(
+        LinregSettings, suffix="_m", label="ATTN_M",
+        w_init=setting(1e-6, paper=None, paper_note="unspecified; Fig 1's reference init (eq 34)", le=10),
+        lr=setting(0.127, paper=None, paper_note="unspecified; Fig 1's reference lr 1e-3 × N = 127 (linattn._common)",
+                   le=10),
+        steps=setting(6400, paper=None, paper_note="unspecified", ge=1, le=10_000_000),
+        record_every=setting(5, le=1_000_000),
+    )
+    ranks_s: list[int] = engine_grid(LinregSettings, "R", [1, 2], "ATTN_S panels: rank R of each", paper=None,
+                                     paper_note="unspecified; two panels per model")
+    attn_s: ClassVar = engine_fields(
+        LinregSettings, suffix="_s", label="ATTN_S",
+        H=setting(9, paper=None, paper_note="unspecified; Figs 4, 12 use 9", le=256),
+        w_init=setting(0.4, paper=None, paper_note="unspecified; Fig 4's choice (eq 36)", le=10),
+        lr=setting(0.02 * 127 ** (2 / 3), paper=None,
+                   paper_note="unspecified; Fig 4's reference lr 0.02 × N^{2/3} = 0.505 (linattn._common)", le=10),
+        steps=setting(16_000, paper=None, paper_note="unspecified", ge=1, le=10_000_000),
+        record_every=setting(10, le=1_000_000),
+    )
 
     @field_validator("heads_m", "ranks_s")
     @classmethod
     def _panels(cls, value):
-        if not value or len(set(value)) != len(value) or any(v < 1 for v in value):
+        if not value or len(set(value)) != len(value):  # each ≥ 1: the engine's bounds of H and R (engine_grid)
             raise ValueError("must hold distinct integers ≥ 1 (one panel each)")
         return value
 
