@@ -33,6 +33,9 @@ def tiny():
     ("sigma2", 0.0, "greater than 0"),
     ("d", 3, "even"),
     ("lams", [], "at least 1"),
+    ("transformer_width", 15, "multiple of transformer_heads"),
+    ("transformer_batch", 2000, "at most batch"),
+    ("transformer_layers", 0, "greater than or equal to 1"),
 ])
 def test_bad_fields_are_refused_naming_the_field(field, value, words):
     exp = get_experiment("lab.drift_families")
@@ -58,12 +61,16 @@ def test_tiny_run_shapes_and_plot(tiny):
     assert r["gla_risk"].shape == (S, G, K) and r["learnt_risk"].shape == (S, G) and r["learned_lam"].shape == (S, G)
     for p in ("ew_star", "lms", "rls", "bayes", "bayes_cond"):
         assert r[f"{p}_mc"].shape == (G,) and np.all(r[f"{p}_se"] > 0)
-    assert r["excess_z"].shape == (G, S * K + S + 3) and r["excess_names"].size == S * K + S + 3
+    assert r["transformer_mc"].shape == (S, G) and np.all(r["transformer_se"] > 0)
+    assert np.allclose(r["transformer_ratio_bayes"], r["transformer_mc"] / r["bayes_cond_mc"])
+    # GLA grid, learnt GLA and transformer of each seed, then exponential weights, LMS and RLS
+    assert r["excess_z"].shape == (G, S * K + 2 * S + 3) and r["excess_names"].size == S * K + 2 * S + 3
+    assert r["excess_names"][S * K + S] == "transformer seed 0"
     # R*(λ*) is the minimum of R*(λ) over λ: never above the grid's values (closed forms, 1e-12)
     assert np.all(r["risk_star"] <= r["theory_grid"].min(-1) + 1e-12)
     # switching at h has stationary AR(1)'s autocovariance at γ = 1 − h ... here γ = 0.9 vs h = 0.2: different
     assert not np.isclose(r["risk_star"][0], r["risk_star"][3])
-    assert len(exp.checks(config, r)) == 6
+    assert len(exp.checks(config, r)) == 8
     assert len(exp.plot(config, r).axes) == G
 
 
@@ -85,6 +92,8 @@ def test_checks_pass_at_theory_and_fail_when_a_predictor_beats_bayes(tiny):
     exp, config, r = tiny
     perfect = dict(r, gla_risk=np.broadcast_to(r["theory_grid"], r["gla_risk"].shape).copy(),
                    learnt_risk=np.broadcast_to(r["risk_star"], r["learnt_risk"].shape).copy(),
+                   learned_lam_theory=np.broadcast_to(r["risk_star"], r["learnt_risk"].shape).copy(),
+                   transformer_mc=np.broadcast_to(r["prior_risk"], r["transformer_mc"].shape).copy(),
                    gla_ref=np.broadcast_to(r["theory_grid"], r["gla_ref"].shape).copy(),
                    ew_star_mc=r["risk_star"].copy(), bayes_paired_z=np.zeros_like(r["bayes_paired_z"]),
                    excess_z=np.abs(r["excess_z"]) + 5, bayes_cond_mc=0.5 * r["risk_star"])
@@ -94,6 +103,19 @@ def test_checks_pass_at_theory_and_fail_when_a_predictor_beats_bayes(tiny):
     beaten = dict(perfect, excess_z=perfect["excess_z"] - np.abs(perfect["excess_z"]).max() - 4)
     failed = [c.name for c in exp.checks(config, beaten) if not c.passed]
     assert len(failed) == 1 and "beats Bayes" in failed[0]
+    # the transformer 4 SE above ŷ = 0's closed-form risk: its check alone fails
+    worse = dict(perfect, transformer_mc=perfect["transformer_mc"] + 4 * r["transformer_se"])
+    failed = [c.name for c in exp.checks(config, worse) if not c.passed]
+    assert len(failed) == 1 and "ignoring the context" in failed[0]
+    # a learnt λ leaving 10 % of its initial excess, its model exact at that λ: the λ check alone fails
+    theory = r["risk_star"] + 0.1 * (r["learnt_init_theory"] - r["risk_star"])
+    stuck = dict(perfect, learned_lam_theory=theory[None].copy(), learnt_risk=theory[None].copy())
+    failed = [c.name for c in exp.checks(config, stuck) if not c.passed]
+    assert len(failed) == 1 and "removes its initial excess" in failed[0]
+    # ... and its model 5 % above the closed form at its learnt λ: the risk check alone fails
+    off_l = dict(perfect, learnt_risk=perfect["learnt_risk"] * 1.05)
+    failed = [c.name for c in exp.checks(config, off_l) if not c.passed]
+    assert len(failed) == 1 and "within 3 % of R*(λ_learnt)" in failed[0]
 
 
 @pytest.mark.slow

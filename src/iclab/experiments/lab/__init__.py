@@ -5,8 +5,8 @@ engines, theory and baselines; one module per experiment; importing the package 
   linear attention and one-layer softmax attention trained on a pool of M tasks, against dMMSE, ridge and the
   linear predictor's closed form (:mod:`iclab.theory.task_diversity`).
 - :mod:`~iclab.experiments.lab.drift_families`: task drift beyond AR(1) (rotating, trending, switching tasks):
-  GLA with one forget factor against its closed-form optimum (:mod:`iclab.theory.nonstationary`) and each
-  drift's exact Bayes predictor.
+  GLA with one forget factor against its closed-form optimum (:mod:`iclab.theory.nonstationary`), a standard
+  transformer, LMS and RLS, and each drift's exact Bayes predictor.
 """
 
 import importlib

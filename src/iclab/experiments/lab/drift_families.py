@@ -36,9 +36,24 @@ of each (family, strength):
   every model of every family and strength on its own family's fresh batch each step; Adam);
 - the exponential-weights predictor at λ* with its best readout Γ*(λ*) (closed form R*(λ*)), and at each
   grid λ (the control variate of the trained models: risk ≈ R*(λ) + mean[(ŷ − y)² − (ŷ_λ − y)²]);
+- the standard transformer (the registered family ``transformer_drift`` of :mod:`iclab.models.transformer`: GPT-2's
+  pre-LN causal blocks over the 2n + 1 tokens [x_i; 0], [0; y_i], [x_{n+1}; 0], learned positions), one per
+  (family, strength), built by ``iclab.engines.family_members`` and trained in the SAME joint loop on the first
+  ``transformer_batch`` prompts of its row's batch, by default on every label y_i predicted at x_i's token from the
+  tokens before it (an online predictor, as LMS, RLS and the filters are; the risk is still the query's);
 - LMS (step μ) and RLS (forget factor β), each tuned on a grid on separate tuning prompts;
 - the Bayes predictor, whose risk is the mean over the prompts of its exact conditional risk given the
   context (Rao–Blackwellised; no closed form over the inputs exists).
+
+The learnt λ is checked in two parts: the trained model against R*(λ_learnt), the closed form at the λ it learnt
+(3 %, the readout's optimisation), and λ_learnt itself by the excess R*(λ_learnt) − R*(λ*) it leaves as a fraction
+of its initial λ's (5 %, :data:`LAM_GAP`): at a boundary λ* = 1, λ = sigmoid(θ) only approaches it.
+
+The transformer at the quick preset (2 blocks, width 16, 16 prompts per step and setting, 500 steps: its added cost
+is kept to seconds) does not leave the plateau of predicting the prior mean: its risk is that of ŷ = 0,
+tr(Λ C(n+1, n+1)) + σ² (0.96-1.04 of it per setting, measured at seeds 0 and 1), which its check states (no worse
+than ignoring the context, 3 SE); learning in context from these tokens needs two blocks (one pairs x_i with y_i,
+the next reads the pairs) and far more steps than the GLA's, whose tokens hold the pair (x_i, y_i) already.
 """
 
 from __future__ import annotations
@@ -50,10 +65,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from pydantic import field_validator, model_validator
 
 from iclab import baselines as bl
-from iclab.engines import Members, seed_keys, train_members
+from iclab.engines import Members, family_members, seed_keys, train_members
 from iclab.experiments import Experiment, register
 from iclab.experiments._analysis import control_variate_risk
 from iclab.experiments._config import TrainingConfig, param
@@ -61,6 +77,7 @@ from iclab.experiments._memory import FLOAT64, itemsize, largest, records, total
 from iclab.experiments._plot import BASELINE_STYLE, COLORS, figure
 from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.models import gla_forget as gla
+from iclab.models import transformer as transformer_model
 from iclab.progress import task
 from iclab.tasks.drift import tokens
 from iclab.tasks.state_space import ar1_process, rotation_process, sample_state_space_prompts, task_autocovariance, \
@@ -74,6 +91,13 @@ FAMILIES = ("ar1", "rotation", "trend", "switching")
 #: (same trainer, same predictor class). Adam with a cosine schedule leaves the readout near its optimum; what
 #: remains is an optimisation excess (a fraction of a per cent at the presets) and the control variate's SE.
 REL_TOL = 0.03
+#: The learnt λ's own excess R*(λ_learnt) − R*(λ*) as a fraction of its initial λ's excess R*(λ_0) − R*(λ*): 5 %.
+#: Where λ* lies inside (0, 1), λ learns within a fraction of a per cent of R*(λ*); at λ* = 1 (rotation at ω = 0.1 in
+#: the quick preset) the logit θ drifts to +∞ with a gradient R*'(λ) λ(1 − λ) that vanishes, and R*(λ_learnt)
+#: stays above R*(λ*) by 1.2 % and 1.05 % after the quick preset's 500 steps at seeds 0 and 1 (3.0 % after 300
+#: steps, seed 0), which is 0.84 % and 0.73 % of the initial excess R*(0.5) − R*(λ*) (2.1 % after 300 steps); the
+#: model at its learnt λ is within 0.1 % of R*(λ_learnt) in every case.
+LAM_GAP = 0.05
 #: A closed form against the Monte-Carlo mean of its own predictor: |z| ≤ 4 (false alarm ~6e-5 per comparison).
 Z_AGREE = 4.0
 #: Bayes optimality, one-sided: no predictor's risk may fall below the Bayes predictor's by more than 3 SE (paired).
@@ -235,6 +259,23 @@ class DriftFamiliesConfig(TrainingConfig):
         "restricted", "GLA weights trained: restricted (U_11, u_-1: ŷ = x_qᵀ Γ G exactly, evaluated in closed "
         "form), merged (W_V, W^KQ), qkv or lemma2 (evaluated by the control variate)")
     init_std: float = param(0.1, "std of the Gaussian init of every weight entry", gt=0, le=10)
+    transformer: bool = param(True, "also train one standard transformer per setting (the registered family "
+                              "transformer_drift, GPT-2's pre-LN blocks) in the same joint run")
+    transformer_layers: int = param(2, "transformer blocks (one block cannot pair x_i with y_i, a token apart)",
+                                    ge=1, le=64)
+    transformer_width: int = param(16, "transformer residual width E (a multiple of transformer_heads)", ge=1,
+                                   le=4096)
+    transformer_heads: int = param(2, "transformer attention heads per block", ge=1, le=64)
+    transformer_init: float = param(0.02, "transformer weights' init std (GPT-2's 0.02)", gt=0, le=10)
+    transformer_positions: bool = param(True, "learned positional embeddings (GPT-2's; 2n + 1 of them): the "
+                                        "transformer can then tell recent pairs from old ones")
+    transformer_loss: Literal["every_label", "query"] = param(
+        "every_label", "the transformer's training loss: the mean squared error of every label y_i predicted from "
+        "the tokens before it (an online predictor, as the LMS/RLS/Bayes filters are), or of y_{n+1} alone")
+    transformer_batch: int = param(256, "prompts per step and setting the transformer trains on (the first of "
+                                   "the GLA's batch of its setting; at most batch)", ge=1, le=1_000_000)
+    transformer_lr: float = param(3e-3, "the transformer's learning rate (peak of the same schedule as the GLA's)",
+                                  gt=0, le=10)
     batch: int = param(4000, "prompts per step and setting (a fresh batch every step)", ge=1, le=1_000_000)
     steps: int = param(1500, "optimiser steps", ge=1, le=10_000_000)
     lr: float = param(0.02, "learning rate (peak of the schedule)", gt=0, le=10)
@@ -286,6 +327,11 @@ class DriftFamiliesConfig(TrainingConfig):
         missing = [f for f in self.families if _DRIFT_FAMILIES[f].field is None and f not in self.strengths]
         if missing:
             raise ValueError(f"strengths: give the values of {', '.join(missing)} (strengths={{name: [values]}})")
+        if self.transformer and self.transformer_width % self.transformer_heads:
+            raise ValueError(f"transformer_width must be a multiple of transformer_heads = {self.transformer_heads} "
+                             f"(got {self.transformer_width})")
+        if self.transformer and self.transformer_batch > self.batch:
+            raise ValueError(f"transformer_batch must be at most batch = {self.batch} (got {self.transformer_batch})")
         odd = [f for f in self.families if _DRIFT_FAMILIES[f].even_d]
         if odd and self.d % 2:
             raise ValueError(f"d must be even when {', '.join(odd)} is compared (it turns coordinate planes; got "
@@ -380,24 +426,62 @@ def _row_losses(params, Z, y, lam):
 
 
 def _fixed_loss(params, batch, settings):
-    Z, y = batch
+    Z, y = batch["gla"]
     return jax.vmap(_row_losses)(params, Z, y, settings["lam"])
 
 
 def _learnt_loss(params, batch, settings):
-    Z, y = batch
+    Z, y = batch["gla"]
     return jax.vmap(lambda p, z, t: _row_losses(p, z, t, None))(params, Z, y)
 
 
+def _every_label_loss(params, prompts):
+    """One transformer's mean over prompts and positions i = 1..n+1 of (ŷ_i − y_i)², ŷ_i the read-out at x_i's
+    token (it sees x_1..x_i and y_1..y_{i−1}); prompts x (B, n+1, d), y (B, n+1)."""
+    out = transformer_model.outputs(params, transformer_model.drift_tokens(prompts))   # (B, 2n + 1)
+    return jnp.mean((out[:, 0::2] - prompts.y) ** 2)   # x_1..x_n at 0, 2, .., 2n − 2, the query at 2n
+
+
+def transformer_members(config: DriftFamiliesConfig, ids) -> Members:
+    """The transformer group: one member of the registered family ``transformer_drift`` per row (``ids`` (G, 1)),
+    built by ``iclab.engines.family_members`` (the family's init, predict and target y_{n+1}); member r trains on
+    the first ``transformer_batch`` prompts of row r's batch, on the loss ``transformer_loss``."""
+    sizes = dict(d=config.d, H=config.transformer_heads, layers=config.transformer_layers,
+                 width=config.transformer_width, w_init=config.transformer_init, dtype=config.jnp_dtype(),
+                 max_tokens=2 * config.n + 1 if config.transformer_positions else 0)
+    one = family_members(transformer_model.FAMILIES["drift"], np.zeros(1, int), sizes=sizes)  # one row's member
+
+    def loss(params, batch, settings):  # params (G, 1, ...), batch["transformer"] (G, b, ...) -> (G, 1)
+        if config.transformer_loss == "query":
+            return jax.vmap(lambda p, b: one.loss(p, b, None))(params, batch["transformer"])
+        return jax.vmap(jax.vmap(_every_label_loss, in_axes=(0, None)))(params, batch["transformer"])
+
+    return Members(one.init, loss, np.asarray(ids))
+
+
+def _group_scale(factors: dict) -> optax.GradientTransformation:
+    """Scales the update of each group named in ``factors`` (params: group -> pytree) by its factor."""
+
+    def update(updates, state, params=None):
+        return {g: jax.tree_util.tree_map(lambda u: u * factors[g], v) if g in factors else v
+                for g, v in updates.items()}, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def train(config: DriftFamiliesConfig, reporter=None):
-    """Trains the GLA grid (rows × ``lams``) and, with ``learn_lam``, one learnt-λ GLA per row, jointly.
+    """Trains the GLA grid (rows × ``lams``), with ``learn_lam`` one learnt-λ GLA per row, and with
+    ``transformer`` one transformer per row, jointly.
 
     Step k's batch holds ``batch`` fresh prompts of every row r, drawn from fold_in(key_k, r) (key_k the
-    joint trainer's step key): each model sees only its own row's prompts. Model ids: the fixed grid row-major,
-    then the learnt models; each is initialised from its id's key (``iclab.engines.train_members``).
+    joint trainer's step key): each model sees only its own row's prompts (the transformer the first
+    ``transformer_batch`` of them). Model ids: the fixed grid row-major, then the learnt models, then the
+    transformers; each is initialised from its id's key (``iclab.engines.train_members``). Adam moves every
+    member as if trained alone; the transformer's steps are scaled by transformer_lr / lr.
 
     Returns:
-        (Trajectory, {"fixed": params (S, G, K, ...), "learnt": params (S, G, 1, ...) with ``theta``} in float64).
+        (Trajectory, {"fixed": params (S, G, K, ...), "learnt": params (S, G, 1, ...) with ``theta``,
+        "transformer": params (S, G, 1, ...)} in float64).
     """
     rows = config.settings()
     G, K = len(rows), len(config.lams)
@@ -412,20 +496,30 @@ def train(config: DriftFamiliesConfig, reporter=None):
     if config.learn_lam:
         groups["learnt"] = Members(init, _learnt_loss, G * K + np.arange(G).reshape(G, 1),
                                    {"learn": jnp.ones((G, 1), bool)})
+    if config.transformer:
+        groups["transformer"] = transformer_members(config, G * K + G + np.arange(G).reshape(G, 1))
 
     def draw(key, aux):
-        Zs, ys = [], []
+        Zs, ys, tfs = [], [], []
         for r, (family, value) in enumerate(rows):
             pr = sample_row(config, family, value, jax.random.fold_in(key, r), config.batch, dt)
             Zs.append(tokens(pr))
             ys.append(pr.y[:, -1])
-        return jnp.stack(Zs), jnp.stack(ys)
+            tfs.append(jax.tree_util.tree_map(lambda a: a[:config.transformer_batch], pr))
+        batch = {"gla": (jnp.stack(Zs), jnp.stack(ys))}
+        if config.transformer:
+            batch["transformer"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *tfs)
+        return batch
 
+    optimizer = config.transformation()
+    if config.transformer:
+        optimizer = optax.chain(optimizer, _group_scale({"transformer": config.transformer_lr / config.lr}))
+    what = f"{K} λ{' + learnt λ' if config.learn_lam else ''}{' + transformer' if config.transformer else ''}"
     tr = train_members(groups, draw, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
-                       n_steps=config.steps, optimizer=config.transformation(), clip_norm=config.clip_norm or None,
+                       n_steps=config.steps, optimizer=optimizer, clip_norm=config.clip_norm or None,
                        record_every=config.record_every, record_member_loss=False, reporter=reporter,
-                       label=f"GLA ({G} settings × {K} λ{' + learnt λ' if config.learn_lam else ''}, "
-                             f"{config.seeds} seed{'s' * (config.seeds > 1)})")
+                       label=f"GLA and transformer ({G} settings × {what}, {config.seeds} "
+                             f"seed{'s' * (config.seeds > 1)})")
     return tr, jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), tr.final_params)
 
 
@@ -466,6 +560,12 @@ def _gla_errors(params, Z, target, lams):
 
 
 @jax.jit
+def _transformer_errors(params, prompts, target):
+    """Squared errors of transformers (S, ...) on drift-layout prompts (N, ...): (S, N)."""
+    return jax.lax.map(lambda p: (transformer_model.predict_drift(p, prompts) - target) ** 2, params)
+
+
+@jax.jit
 def _kalman(x_full, y_full, F, Q, P0, H, sigma2, Lam):
     kf = bl.state_space_filter(x_full, y_full, F=F, Q=Q, P0=P0, H=H, sigma2=sigma2)
     cond = bl.state_space_bayes_risk(x_full, F=F, Q=Q, P0=P0, Lam=Lam, H=H, sigma2=sigma2)
@@ -495,15 +595,17 @@ def _row_key(config, stream: int, r: int):
 
 
 def evaluate_row(config: DriftFamiliesConfig, r: int, family: str, value: float, fixed, learnt, lam_learnt,
-                 lam_star: float, Gamma_star, Gammas, Gammas_learnt) -> dict:
+                 lam_star: float, Gamma_star, Gammas, Gammas_learnt, transformers=None) -> dict:
     """Every predictor's per-prompt squared errors on the row's evaluation prompts (and LMS/RLS tuning).
 
     Args:
         fixed: (S, K, ...) trained fixed-λ params of this row; learnt: (S, ...) or None; lam_learnt: (S,).
         Gamma_star: (d, d) Γ*(λ*); Gammas: (K, d, d) Γ*(λ_k); Gammas_learnt: (S, d, d) Γ*(learnt λ).
+        transformers: (S, ...) trained transformers of this row (float64), or None.
     Returns:
         dict of per-prompt arrays (..., N): gla (S, K), gla_ref (K) the exponential-weights optimum at each λ,
-        learnt (S), learnt_ref (S), ew_star, lms, rls (the tuned μ, β), bayes, bayes_cond; and lms_mu, rls_beta.
+        learnt (S), learnt_ref (S), transformer (S), ew_star, lms, rls (the tuned μ, β), bayes, bayes_cond; and
+        lms_mu, rls_beta.
     """
     mus, betas = jnp.asarray(config.lms_mus), jnp.asarray(config.rls_betas)
     S, K = config.seeds, len(config.lams)
@@ -531,6 +633,8 @@ def evaluate_row(config: DriftFamiliesConfig, r: int, family: str, value: float,
             e["learnt"] = np.asarray(_gla_errors(learnt, Z, target, jnp.asarray(lam_learnt)))
             e["learnt_ref"] = np.asarray(_exp_weights(x, y, x_q, target, jnp.asarray(lam_learnt),
                                                       jnp.asarray(Gammas_learnt)))
+        if transformers is not None:
+            e["transformer"] = np.asarray(_transformer_errors(transformers, pr, target))
         lms, rls = _online(x, y, x_q, target, mus[i_mu:i_mu + 1], betas[i_beta:i_beta + 1], config.rls_delta)
         e["lms"], e["rls"] = np.asarray(lms)[0], np.asarray(rls)[0]
         b, cond = _bayes(config, family, value, pr)
@@ -572,10 +676,12 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
     tr, params = train(config, reporter)
     out["train_t"], out["train_loss"] = np.asarray(tr.t), np.asarray(tr.loss)
     fixed = params["fixed"]
-    learnt = params.get("learnt")
+    learnt, tfs = params.get("learnt"), params.get("transformer")
     if learnt is not None:
         lam_learnt = np.asarray(jax.nn.sigmoid(learnt["theta"][:, :, 0]))  # (S, G)
         out["learned_lam"] = lam_learnt
+        out["learnt_init_theory"] = np.array([float(exponential_weights_risk(config.learn_lam_init, C=C, Lam=Lam,
+                                                                            sigma2=config.sigma2)) for C in Cs])
         out["learned_lam_theory"] = np.stack([[exponential_weights_risk(float(lam_learnt[s, r]), C=Cs[r], Lam=Lam,
                                                                         sigma2=config.sigma2) for r in range(G)]
                                               for s in range(S)])
@@ -586,6 +692,8 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
     if learnt is not None:
         est.update({k: np.zeros((S, G)) for k in ("learnt_err", "learnt_err_se", "learnt_ref", "learnt_ref_se",
                                                   "learnt_exact")})
+    if tfs is not None:
+        est.update({k: np.zeros((S, G)) for k in ("transformer_mc", "transformer_se")})
     with task(reporter, f"evaluation: every predictor on {config.eval_prompts} shared prompts per setting", G) as cb:
         for r, (family, value) in enumerate(rows):
             fx = jax.tree_util.tree_map(lambda a: a[:, r], fixed)  # (S, K, ...)
@@ -593,8 +701,11 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
             lam_l = np.zeros(S) if learnt is None else out["learned_lam"][:, r]
             G_l = (np.zeros((S, config.d, config.d)) if learnt is None else
                    exponential_weights_readout(lam_l, C=Cs[r], Lam=Lam, sigma2=config.sigma2))
+            tf = None if tfs is None else jax.tree_util.tree_map(lambda a: a[:, r, 0], tfs)  # (S, ...)
             e = evaluate_row(config, r, family, value, fx, ln, lam_l, float(out["lam_star"][r]), Gamma_star[r],
-                             Gammas[r], G_l)
+                             Gammas[r], G_l, tf)
+            if tf is not None:
+                est["transformer_mc"][:, r], est["transformer_se"][:, r] = _mean_se(e["transformer"])
             cv = control_variate_risk(e["gla"], e["gla_ref"][None], out["theory_grid"][r][None])
             est["gla_err"][:, r], est["gla_err_se"][:, r] = cv["risk"], cv["risk_se"]
             est["gla_ref"][:, r], est["gla_ref_se"][:, r] = cv["ref"], cv["ref_se"]
@@ -620,6 +731,8 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
             cands = [("GLA λ = " + f"{lams[k]:g} seed {s}", e["gla"][s, k]) for s in range(S) for k in range(K)]
             if ln is not None:
                 cands += [(f"GLA learnt λ seed {s}", e["learnt"][s]) for s in range(S)]
+            if tf is not None:
+                cands += [(f"transformer seed {s}", e["transformer"][s]) for s in range(S)]
             cands += [("exp. weights at λ*", e["ew_star"]), ("LMS(μ*)", e["lms"]), ("RLS(β*)", e["rls"])]
             zs = []
             for name, v in cands:
@@ -634,6 +747,8 @@ def run_drift_families(config: DriftFamiliesConfig, reporter) -> dict:
     if learnt is not None:
         out["learnt_risk"] = out["learnt_exact"] if config.parametrisation == "restricted" else out["learnt_err"]
     out["ratio_star_bayes"] = out["risk_star"] / out["bayes_cond_mc"]
+    if tfs is not None:
+        out["transformer_ratio_bayes"] = out["transformer_mc"] / out["bayes_cond_mc"][None]
     return out
 
 
@@ -658,13 +773,23 @@ def checks_drift_families(config: DriftFamiliesConfig, a: dict) -> list:
                          f"{_row_label(r, a)}, λ = {a['lams'][k]:g})", float(rel.max()), REL_TOL,
                          f"trained risk: {how}; tolerance: drift.fig1's 3 % (the same trainer and predictor class)")]
     if "learned_lam" in a:
-        ex = a["learnt_risk"] / a["risk_star"][None] - 1
+        ex = a["learnt_risk"] / a["learned_lam_theory"] - 1
         s, r = np.unravel_index(np.argmax(np.abs(ex)), ex.shape)
         out.append(check_at_most(
-            f"GLA with λ learnt: risk within 3 % of R*(λ*) (worst: {_row_label(r, a)}, learnt λ = "
-            f"{a['learned_lam'][s, r]:.4f} vs λ* = {a['lam_star'][r]:.4f})", float(np.abs(ex).max()), REL_TOL,
-            "R*(λ*) is the minimum over the whole class (every λ and readout), so the excess is optimisation only; "
-            "the same 3 % as the fixed λ (R* is flat in λ near λ*, so λ itself is loosely pinned)"))
+            f"GLA with λ learnt: risk within 3 % of R*(λ_learnt), the closed form at the λ it learnt (worst: "
+            f"{_row_label(r, a)}, learnt λ = {a['learned_lam'][s, r]:.4f})", float(np.abs(ex).max()), REL_TOL,
+            "the readout's optimisation at the learnt λ, as for a fixed λ: the same 3 %"))
+        excess0 = np.maximum(a["learnt_init_theory"] - a["risk_star"], 1e-12 * a["risk_star"])  # λ_0 = λ*: 0
+        gap = (a["learned_lam_theory"] - a["risk_star"][None]) / excess0[None]
+        s, r = np.unravel_index(np.argmax(gap), gap.shape)
+        out.append(check_at_most(
+            f"the learnt λ removes its initial excess: max (R*(λ_learnt) − R*(λ*)) / (R*(λ_0) − R*(λ*)), λ_0 = "
+            f"{config.learn_lam_init:g} (worst: {_row_label(r, a)}, learnt λ = {a['learned_lam'][s, r]:.4f} vs λ* = "
+            f"{a['lam_star'][r]:.4f}; R*(λ_learnt)/R*(λ*) − 1 = "
+            f"{a['learned_lam_theory'][s, r] / a['risk_star'][r] - 1:.2%})", float(gap.max()), LAM_GAP,
+            "closed forms only, so no sampling error; λ = sigmoid(θ) reaches a boundary λ* = 1 only as θ → ∞ "
+            "(∂R*/∂θ = R*'(λ) λ(1 − λ) vanishes there), so the excess is measured against the excess of the initial "
+            "λ, not against R*(λ*) alone"))
     z_ref = np.abs(a["gla_ref"][0] - E) / a["gla_ref_se"][0]
     z_star = np.abs(a["ew_star_mc"] - a["risk_star"]) / a["ew_star_se"]
     r = int(np.argmax(z_star))
@@ -677,6 +802,17 @@ def checks_drift_families(config: DriftFamiliesConfig, a: dict) -> list:
                              f"{_row_label(r, a)})", float(np.abs(a["bayes_paired_z"]).max()), Z_AGREE,
                              "E[(ŷ − y)² | context] is the filter's predictive variance exactly (Kalman; changepoint "
                              "mixture); 4 SE of the per-prompt difference"))
+    if "transformer_mc" in a:
+        zt = (a["transformer_mc"] - a["prior_risk"][None]) / a["transformer_se"]
+        s, r = np.unravel_index(np.argmax(zt), zt.shape)
+        out.append(check_at_most(
+            f"the transformer is no worse than ignoring the context: max (risk − (tr(Λ C_{{n+1,n+1}}) + σ²))/SE over "
+            f"settings and seeds ({_row_label(r, a)}: risk/that = {a['transformer_mc'][s, r] / a['prior_risk'][r]:.3f}; "
+            f"per setting: {', '.join(f'{q:.2f}' for q in (a['transformer_mc'] / a['prior_risk'][None]).mean(0))})",
+            float(zt.max()), Z_BAYES,
+            "ŷ = 0, the best predictor without the context (the tasks have mean zero), has the closed-form risk "
+            "tr(Λ C_{n+1,n+1}) + σ²; its family can represent ŷ = 0 and is trained on the squared error, so its "
+            "risk may not lie above it by more than 3 SE (one-sided)"))
     z = a["excess_z"]
     r, j = np.unravel_index(np.argmin(z), z.shape)
     out.append(check_at_least(f"no predictor beats Bayes: min paired z of (ŷ − y)² − (ŷ_Bayes − y)² over settings and "
@@ -717,6 +853,10 @@ def plot_drift_families(config: DriftFamiliesConfig, a: dict):
         if k1.size:
             ax.plot(x, a["theory_grid"][sel, k1[0]], "--", color=COLORS[3], lw=1.0)
             ax.plot(x, a["gla_risk"][:, sel, k1[0]].mean(0), "-D", color=COLORS[3], ms=3, label="GLA, λ = 1 (LA)")
+        if "transformer_mc" in a:
+            ax.errorbar(x, a["transformer_mc"][:, sel].mean(0), yerr=a["transformer_se"][:, sel].mean(0), fmt="-P",
+                        color=COLORS[4], lw=1.0, ms=4, label="transformer")
+            ax.plot(x, a["prior_risk"][sel], ":", color=grey, lw=1.0, label="ŷ = 0 (no context)")
         ax.errorbar(x, a["lms_mc"][sel], yerr=a["lms_se"][sel], fmt="-^", color=grey, lw=0.8, ms=3.5, label="LMS(μ*)")
         ax.errorbar(x, a["rls_mc"][sel], yerr=a["rls_se"][sel], fmt="-v", color=grey, lw=0.8, ms=3.5, label="RLS(β*)")
         ax.errorbar(x, a["bayes_cond_mc"][sel], yerr=a["bayes_cond_se"][sel], fmt="-s", color="k", ms=3.5, lw=1.2,
@@ -754,8 +894,15 @@ def memory_drift_families(config: DriftFamiliesConfig) -> tuple[float, str]:
     mixture = any(get_drift_family(f).process is None for f in config.families)
     per_prompt = T * (d + 1) * 6 + max(3 * T * d * d + T * T if mixture else 0, 6 * k * k) \
         + (len(config.lms_mus) + len(config.rls_betas)) * (T + 2) + (S + 2) * K * 2
-    errors = config.eval_prompts * (2 * S * K + 2 * K + 8) * 2
-    evaluate = total([(FLOAT64 * c * per_prompt, f"a chunk of {c} float64 prompts and their filters"),
+    errors = config.eval_prompts * (2 * S * K + 2 * K + 8 + 2 * S) * 2
+    # the transformer: ~12E numbers per token and block (the 4E MLP, q, k, v, residuals) and H·T² attention
+    # weights, 4 copies for the forward values and their gradients
+    Tt, E = 2 * config.n + 1, config.transformer_width
+    tf_prompt = config.transformer * (Tt * (d + 1) + Tt * config.transformer_layers * (12 * E + config.transformer_heads * Tt))
+    train_ = total([train_,
+                    (4.0 * item * S * G * config.transformer_batch * tf_prompt,
+                     f"the transformer's activations on {S}·{G}·{config.transformer_batch} prompts")])
+    evaluate = total([(FLOAT64 * c * (per_prompt + 2 * tf_prompt), f"a chunk of {c} float64 prompts and their filters"),
                       (FLOAT64 * errors, f"the per-prompt errors of every predictor on {config.eval_prompts} prompts")])
     return largest(train_, evaluate)
 
@@ -769,7 +916,8 @@ register(
                   "tasks (theory.nonstationary), against the Kalman filter and the changepoint posterior",
         config=DriftFamiliesConfig,
         presets={
-            "quick": {"d": 4, "n": 24, "batch": 1000, "steps": 500, "lr": 0.05, "eval_prompts": 4000,
+            "quick": {"d": 4, "n": 24, "batch": 1000, "steps": 500, "lr": 0.05, "transformer_batch": 16,
+                      "eval_prompts": 4000,
                       "tune_prompts": 1000, "lms_mus": [0.01, 0.03, 0.06, 0.1, 0.2],
                       "rls_betas": [0.6, 0.75, 0.85, 0.9, 0.95, 0.98, 1.0]},
             "paper": {},
@@ -791,6 +939,11 @@ register(
             "in closed form; other parametrisations by the control variate against Γ*(λ) on the evaluation prompts. "
             "Adam (no weight decay: it would bias the readout) with a cosine schedule; the learnt λ = sigmoid(θ) "
             "trains with the same optimiser.",
+            "The transformer (the registered family transformer_drift, GPT-2's pre-LN blocks over the 2n + 1 tokens "
+            "[x_i; 0], [0; y_i], [x_{n+1}; 0], learned positions) is trained in the same joint loop, one per setting, "
+            "on its setting's prompts (the first transformer_batch of the GLA's batch), by default on every label "
+            "predicted from the tokens before it, at its own learning rate on the same schedule; at the quick "
+            "preset's budget it stays at the risk of ŷ = 0 (its check: not above it by 3 SE), far from Bayes.",
             "LMS's μ and RLS's β are the best of their grids on separate tuning prompts (a fresh key), then measured "
             "on the evaluation prompts. `seeds` seeds train (vmapped); the evaluation prompts are shared by the seeds.",
         ],
