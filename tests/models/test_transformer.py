@@ -76,6 +76,54 @@ def test_tokens_and_the_registered_family():
         tf.outputs(tf.init_transformer(jax.random.PRNGKey(0), D=2, max_tokens=3), Z[0])
 
 
+def test_every_label_predictions_are_the_queries_of_the_prompts_prefixes():
+    """predict_every_label's column n (0-based, n < N) is predict on the prefix prompt whose context is the first n
+    pairs and whose query is x_{n+1}; its last column is predict on the whole prompt. With learned positions, float64;
+    the prefixes are shorter token sequences, so this compares causality and the positions' alignment too."""
+    D, N, P = 2, 3, 3
+    params = tf.init_transformer(jax.random.PRNGKey(6), D=D, H=2, layers=1, width=8, w_init=0.5, max_tokens=2 * N + 1)
+    pr = _prompt(jax.random.PRNGKey(7), D, N, P)
+    # one small program per prefix length (op by op, every op would compile per shape), without LLVM's passes
+    quick_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    every = np.asarray(quick_jit(tf.predict_every_label)(params, pr))
+    assert every.shape == (P, N + 1)
+    predict = quick_jit(tf.predict)
+    for n in range(N):
+        prefix = pr._replace(x=pr.x[:, :n], y=pr.y[:, :n], x_q=pr.x[:, n])
+        np.testing.assert_allclose(every[:, n], predict(params, prefix), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(every[:, N], predict(params, pr), rtol=1e-12, atol=1e-12)
+    assert np.ptp(every) > 1e-3
+    targets = np.asarray(tf.every_label_targets(pr))
+    np.testing.assert_array_equal(targets[:, :N], pr.y)
+    np.testing.assert_array_equal(targets[:, N], pr.y_q)
+
+
+@pytest.mark.slow  # it compiles a training loop: over a minute on the loaded 2-core machine
+def test_train_family_trains_the_every_label_family_on_the_mean_over_labels():
+    """train_family with tf.EVERY_LABEL: the recorded loss of a step is (1/(P(N+1))) Σ_p Σ_n (ŷ_{p,n} − y_{p,n})² of
+    the batch the next step uses, computed here by hand from its params and that batch; the params are the
+    transformer family's (its predict reads them)."""
+    from iclab.engines import train_family
+    from iclab.tasks import pool
+
+    D, N, P = 2, 3, 8
+    sizes = dict(D=D, H=2, width=8, layers=1, w_init=0.3, max_tokens=2 * N + 1)
+
+    def sampler(key, aux):
+        return pool.sample_pool_prompts(key, jnp.eye(D), N, P, sigma2=0.1)
+
+    tr = train_family(tf.EVERY_LABEL, sampler, sizes=sizes, lr=1e-2, steps=1, record_every=1,
+                      record_params=True, seed=4)
+    params = jax.tree_util.tree_map(lambda a: a[0, -1, 0], tr.params[tf.EVERY_LABEL.name])   # the last record
+    # train_members' keys: seed 4's key fold_in(PRNGKey(4), 0), its data stream 2, the step
+    data_key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(4), 0), 2)
+    batch = sampler(jax.random.fold_in(data_key, int(tr.step[-1])), None)
+    y_hat = np.asarray(jax.jit(tf.predict_every_label)(params, batch))   # checked against the prefixes above
+    by_hand = [(y_hat[p, n] - (batch.y[p, n] if n < N else batch.y_q[p])) ** 2 for p in range(P) for n in range(N + 1)]
+    np.testing.assert_allclose(float(tr.loss[0, -1]), np.mean(by_hand), rtol=1e-10)
+    assert tf.predict(params, batch).shape == (P,)
+
+
 # ---------------------------------------------------------------------------------------------
 # Every task's tokens (hand-built small prompts), and causality through each task's family.
 
