@@ -241,19 +241,26 @@ def test_no_read_out_sees_the_label_it_predicts(task):
 @pytest.mark.slow
 def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
     """Linreg with D = 5, N = 10, x ~ N(0, I/5), tasks w ~ N(0, I), noise σ² = 0.05 (so E y² = 1): the transformer
-    trained by Adam on fresh prompts (one call, float32) against the Bayes predictor of this prior, the ridge
-    posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on the
-    noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
+    trained by Adam on fresh prompts (one train_family call, float32) against the Bayes predictor of this prior, the
+    ridge posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on
+    the noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
 
-    What it reaches, and what it does not: in this budget (6000 Adam steps of 64 prompts, width 32, two blocks; a
-    few CPU minutes) the transformer leaves the plateau of ŷ = 0 and its held-out error falls to about 0.55 of the
-    context-free error (SE about 0.007), about 10× the Bayes risk (0.053); it does NOT come within 1.3× of it. With
-    GPT-2's init (w_init = 0.02), with lr 3e-3 or 5e-4, or with a third block, it had not left the plateau after
-    6000 steps; with w_init = 0.3 or 0.5 it left it less far (0.84 and 0.99 of the context-free error). So this test
-    asserts what the budget reaches: the error is well below ignoring the context (at most 0.75 of it: the measured
-    0.544 lies 27 SE below that bound, and a model that learns nothing from the context, 0.995 with SE 0.013, lies
-    20 SE above it), and it is not below the Bayes risk (4 SE: a lower error would mean the target leaks into the
-    tokens)."""
+    The recipe (Garg et al. 2022's loss and positions): learned positional embeddings (max_tokens = 2N + 1), the loss
+    on every label predicted from the tokens before it (models.transformer.EVERY_LABEL), width 64, two blocks of two
+    heads, w_init = 0.2, 5000 Adam steps of 128 prompts, warm-up of 200 steps to lr 3e-3 and cosine decay to 5 % of
+    it. Its cost: about 320 s of process CPU time (training, compilation and evaluation); the whole test took 4 minutes
+    of wall time on two cores shared with other work (a measurement on a loaded machine, not a timing claim).
+
+    What it reaches, and what it does not. The held-out error over the Bayes risk (0.0534, SE 0.0001), at the two
+    training seeds measured: 10.0 (error 0.533, SE 0.007; seed 1, the one this test trains) and 4.6 (0.246, SE
+    0.004; seed 2). The transformer does NOT come within 1.5× of the Bayes risk in this budget, and how far it gets
+    depends on the seed (when it leaves the plateau of ŷ = 0, the context-free error 0.995). Short runs before this
+    recipe (seed 1, the same model and loss, 2000 steps of 64 prompts unless said, errors over 8000 held-out prompts,
+    SE 0.011 to 0.021): GPT-2's w_init = 0.02 and w_init = 0.5 had not left the plateau (1.01 and 1.02); w_init = 0.2
+    at lr 1e-3, 3e-3 and 6e-3 reached 0.69, 0.61 and 0.72, and with 128 prompts a step at lr 3e-3 0.49. So the test
+    asserts what the budget reaches at both seeds: the error is at most 12× the Bayes risk (0.64; seed 1's 0.533 lies
+    14 SE below it, and a model that learns nothing from the context, 0.995 with SE 0.013, lies 27 SE above it), and
+    it is not below the Bayes risk (4 SE: a lower error would mean the target leaks into the tokens)."""
     import optax
 
     from iclab.baselines import gaussian_bayes_risk, mean_and_se
@@ -262,15 +269,15 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
 
     D, N, sigma2 = 5, 10, 0.05
     Lam = jnp.eye(D) / D
-    steps, lr = 6000, 1e-3
+    steps, lr = 5000, 3e-3
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, 0.05 * lr)
-    sizes = dict(D=D, H=2, width=32, layers=2, w_init=0.2)
-    tr = train_family("transformer", lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 64, sigma2=sigma2),
+    sizes = dict(D=D, H=2, width=64, layers=2, w_init=0.2, max_tokens=2 * N + 1)
+    tr = train_family(tf.EVERY_LABEL, lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 128, sigma2=sigma2),
                       sizes=sizes, lr=schedule, steps=steps, optimizer=optax.scale_by_adam(), dtype=jnp.float32,
                       record_every=steps // 10, seed=1)
-    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params["transformer"])
+    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params[tf.EVERY_LABEL.name])
     held_out = pool.sample_pool_prompts(jax.random.PRNGKey(123), Lam, N, 20_000, sigma2=sigma2)
-    predict = jax.jit(tf.predict)
+    predict = jax.jit(tf.predict)   # the trained params are the transformer family's: read out at the query
     y_hat = jnp.concatenate([predict(params, jax.tree_util.tree_map(lambda a: a[i:i + 2000].astype(jnp.float32),
                                                                     held_out)) for i in range(0, 20_000, 2000)])
     clean = jnp.einsum("pd,pd->p", held_out.w, held_out.x_q)
@@ -278,5 +285,5 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
     bayes = mean_and_se(np.asarray(gaussian_bayes_risk(held_out.x, Lam=Lam, sigma2=sigma2)))
     no_context = float(jnp.mean(clean ** 2))  # ŷ = 0, the best predictor that ignores the context: E (wᵀx_q)² = 1
     ratio = float(error.mean / bayes.mean)
-    assert float(error.mean) <= 0.75 * no_context, (float(error.mean), no_context, ratio)
+    assert ratio <= 12.0, (float(error.mean), float(bayes.mean), ratio, no_context)
     assert float(error.mean) >= float(bayes.mean) - 4 * float(np.hypot(error.se, bayes.se)), (error, bayes)
