@@ -76,6 +76,54 @@ def test_tokens_and_the_registered_family():
         tf.outputs(tf.init_transformer(jax.random.PRNGKey(0), D=2, max_tokens=3), Z[0])
 
 
+def test_every_label_predictions_are_the_queries_of_the_prompts_prefixes():
+    """predict_every_label's column n (0-based, n < N) is predict on the prefix prompt whose context is the first n
+    pairs and whose query is x_{n+1}; its last column is predict on the whole prompt. With learned positions, float64;
+    the prefixes are shorter token sequences, so this compares causality and the positions' alignment too."""
+    D, N, P = 2, 3, 3
+    params = tf.init_transformer(jax.random.PRNGKey(6), D=D, H=2, layers=1, width=8, w_init=0.5, max_tokens=2 * N + 1)
+    pr = _prompt(jax.random.PRNGKey(7), D, N, P)
+    # one small program per prefix length (op by op, every op would compile per shape), without LLVM's passes
+    quick_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    every = np.asarray(quick_jit(tf.predict_every_label)(params, pr))
+    assert every.shape == (P, N + 1)
+    predict = quick_jit(tf.predict)
+    for n in range(N):
+        prefix = pr._replace(x=pr.x[:, :n], y=pr.y[:, :n], x_q=pr.x[:, n])
+        np.testing.assert_allclose(every[:, n], predict(params, prefix), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(every[:, N], predict(params, pr), rtol=1e-12, atol=1e-12)
+    assert np.ptp(every) > 1e-3
+    targets = np.asarray(tf.every_label_targets(pr))
+    np.testing.assert_array_equal(targets[:, :N], pr.y)
+    np.testing.assert_array_equal(targets[:, N], pr.y_q)
+
+
+@pytest.mark.slow  # it compiles a training loop: over a minute on the loaded 2-core machine
+def test_train_family_trains_the_every_label_family_on_the_mean_over_labels():
+    """train_family with tf.EVERY_LABEL: the recorded loss of a step is (1/(P(N+1))) Σ_p Σ_n (ŷ_{p,n} − y_{p,n})² of
+    the batch the next step uses, computed here by hand from its params and that batch; the params are the
+    transformer family's (its predict reads them)."""
+    from iclab.engines import train_family
+    from iclab.tasks import pool
+
+    D, N, P = 2, 3, 8
+    sizes = dict(D=D, H=2, width=8, layers=1, w_init=0.3, max_tokens=2 * N + 1)
+
+    def sampler(key, aux):
+        return pool.sample_pool_prompts(key, jnp.eye(D), N, P, sigma2=0.1)
+
+    tr = train_family(tf.EVERY_LABEL, sampler, sizes=sizes, lr=1e-2, steps=1, record_every=1,
+                      record_params=True, seed=4)
+    params = jax.tree_util.tree_map(lambda a: a[0, -1, 0], tr.params[tf.EVERY_LABEL.name])   # the last record
+    # train_members' keys: seed 4's key fold_in(PRNGKey(4), 0), its data stream 2, the step
+    data_key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(4), 0), 2)
+    batch = sampler(jax.random.fold_in(data_key, int(tr.step[-1])), None)
+    y_hat = np.asarray(jax.jit(tf.predict_every_label)(params, batch))   # checked against the prefixes above
+    by_hand = [(y_hat[p, n] - (batch.y[p, n] if n < N else batch.y_q[p])) ** 2 for p in range(P) for n in range(N + 1)]
+    np.testing.assert_allclose(float(tr.loss[0, -1]), np.mean(by_hand), rtol=1e-10)
+    assert tf.predict(params, batch).shape == (P,)
+
+
 # ---------------------------------------------------------------------------------------------
 # Every task's tokens (hand-built small prompts), and causality through each task's family.
 
@@ -193,19 +241,27 @@ def test_no_read_out_sees_the_label_it_predicts(task):
 @pytest.mark.slow
 def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
     """Linreg with D = 5, N = 10, x ~ N(0, I/5), tasks w ~ N(0, I), noise σ² = 0.05 (so E y² = 1): the transformer
-    trained by Adam on fresh prompts (one call, float32) against the Bayes predictor of this prior, the ridge
-    posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on the
-    noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
+    trained by Adam on fresh prompts (one train_family call, float32) against the Bayes predictor of this prior, the
+    ridge posterior mean, whose risk given the context is exact (iclab.baselines.gaussian_bayes_risk). Errors are on
+    the noiseless target wᵀx_q (the excess risk; the noisy query's adds σ² to both), over 20 000 held-out prompts.
 
-    What it reaches, and what it does not: in this budget (6000 Adam steps of 64 prompts, width 32, two blocks; a
-    few CPU minutes) the transformer leaves the plateau of ŷ = 0 and its held-out error falls to about 0.55 of the
-    context-free error (SE about 0.007), about 10× the Bayes risk (0.053); it does NOT come within 1.3× of it. With
-    GPT-2's init (w_init = 0.02), with lr 3e-3 or 5e-4, or with a third block, it had not left the plateau after
-    6000 steps; with w_init = 0.3 or 0.5 it left it less far (0.84 and 0.99 of the context-free error). So this test
-    asserts what the budget reaches: the error is well below ignoring the context (at most 0.75 of it: the measured
-    0.544 lies 27 SE below that bound, and a model that learns nothing from the context, 0.995 with SE 0.013, lies
-    20 SE above it), and it is not below the Bayes risk (4 SE: a lower error would mean the target leaks into the
-    tokens)."""
+    The recipe (Garg et al. 2022's loss and positions): learned positional embeddings (max_tokens = 2N + 1), the loss
+    on every label predicted from the tokens before it (models.transformer.EVERY_LABEL), width 64, two blocks of four
+    heads, w_init = 0.2, 5000 Adam steps of 128 prompts, warm-up of 200 steps to lr 3e-3 and cosine decay to 5 % of
+    it. Its cost: about 340 s of process CPU time (training, compilation and evaluation); the whole test took 3 min
+    20 s of wall time on two cores shared with other work (measured on a loaded machine, not a timing claim).
+
+    What it reaches, and what it does not. The held-out error over the Bayes risk (0.0534, SE 0.0001), at the two
+    training seeds measured: 2.73 (error 0.145, SE 0.002; seed 1, the one this test trains) and 2.93 (0.156, SE
+    0.002; seed 2). The transformer does NOT come within 1.5× of the Bayes risk in this budget. Recipes measured
+    before it (seed 1 unless said, the same model and loss; short runs of 2000 steps of 64 prompts over 8000
+    held-out prompts, SE 0.011 to 0.021): GPT-2's w_init = 0.02 and w_init = 0.5 had not left the plateau of ŷ = 0
+    (errors 1.01 and 1.02; the context-free error is 0.995); w_init = 0.2 at lr 1e-3, 3e-3 and 6e-3 reached 0.69,
+    0.61 and 0.72, and with 128 prompts a step at lr 3e-3 0.49; this recipe with two heads instead of four reached
+    10.0× (seed 1) and 4.6× (seed 2) the Bayes risk, its escape from the plateau depending on the seed. So the test
+    asserts what the budget reaches at both seeds: the error is at most 3.3× the Bayes risk (0.176; seed 1's 0.145
+    lies 13 SE below it, seed 2's 8 SE), and it is not below the Bayes risk (4 SE: a lower error would mean the
+    target leaks into the tokens)."""
     import optax
 
     from iclab.baselines import gaussian_bayes_risk, mean_and_se
@@ -214,15 +270,15 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
 
     D, N, sigma2 = 5, 10, 0.05
     Lam = jnp.eye(D) / D
-    steps, lr = 6000, 1e-3
+    steps, lr = 5000, 3e-3
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, 0.05 * lr)
-    sizes = dict(D=D, H=2, width=32, layers=2, w_init=0.2)
-    tr = train_family("transformer", lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 64, sigma2=sigma2),
+    sizes = dict(D=D, H=4, width=64, layers=2, w_init=0.2, max_tokens=2 * N + 1)
+    tr = train_family(tf.EVERY_LABEL, lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 128, sigma2=sigma2),
                       sizes=sizes, lr=schedule, steps=steps, optimizer=optax.scale_by_adam(), dtype=jnp.float32,
                       record_every=steps // 10, seed=1)
-    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params["transformer"])
+    params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params[tf.EVERY_LABEL.name])
     held_out = pool.sample_pool_prompts(jax.random.PRNGKey(123), Lam, N, 20_000, sigma2=sigma2)
-    predict = jax.jit(tf.predict)
+    predict = jax.jit(tf.predict)   # the trained params are the transformer family's: read out at the query
     y_hat = jnp.concatenate([predict(params, jax.tree_util.tree_map(lambda a: a[i:i + 2000].astype(jnp.float32),
                                                                     held_out)) for i in range(0, 20_000, 2000)])
     clean = jnp.einsum("pd,pd->p", held_out.w, held_out.x_q)
@@ -230,5 +286,5 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
     bayes = mean_and_se(np.asarray(gaussian_bayes_risk(held_out.x, Lam=Lam, sigma2=sigma2)))
     no_context = float(jnp.mean(clean ** 2))  # ŷ = 0, the best predictor that ignores the context: E (wᵀx_q)² = 1
     ratio = float(error.mean / bayes.mean)
-    assert float(error.mean) <= 0.75 * no_context, (float(error.mean), no_context, ratio)
+    assert ratio <= 3.3, (float(error.mean), float(bayes.mean), ratio, no_context)
     assert float(error.mean) >= float(bayes.mean) - 4 * float(np.hypot(error.se, bayes.se)), (error, bayes)

@@ -13,7 +13,8 @@ positional embeddings add GPT-2's), read in by a linear map to width E, passed t
 with causal softmax multi-head attention (H heads of width E/H, scores scaled by 1/√(E/H), GPT-2's tanh
 GELU and a 4E hidden MLP), a final LayerNorm, and read out linearly: the prediction for y_q is the read-out at
 the last token (x_q's). Every token's read-out is returned by :func:`outputs`, so the same model trains on the
-prediction of every label (Garg et al.'s loss) or of the query's alone.
+prediction of every label (Garg et al.'s loss: :func:`predict_every_label` against :func:`every_label_targets`, the
+family object :data:`EVERY_LABEL` for :func:`iclab.engines.train_family`) or of the query's alone.
 
 :func:`outputs` computes every position at once (batched matrix products with a causal mask);
 :func:`naive_outputs` is its reference: a plain loop over tokens and heads, each token attending to the ones
@@ -61,8 +62,9 @@ import numpy as np
 
 from iclab.models._family import ModelFamily, register_model
 
-__all__ = ["FAMILY", "FAMILIES", "Layout", "drift_tokens", "init_transformer", "linreg_tokens", "multitask_regression_tokens",
-           "multitask_tokens", "naive_outputs", "outputs", "predict", "predict_drift", "predict_multitask",
+__all__ = ["EVERY_LABEL", "FAMILY", "FAMILIES", "Layout", "drift_tokens", "every_label_targets", "init_transformer",
+           "linreg_tokens", "multitask_regression_tokens", "multitask_tokens", "naive_outputs", "outputs", "predict",
+           "predict_drift", "predict_every_label", "predict_multitask",
            "predict_multitask_regression", "prompt_layout"]
 
 LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
@@ -341,6 +343,32 @@ def predict(params: dict, prompts) -> jax.Array:
     return _at_query(params, linreg_tokens(prompts.x, prompts.y, prompts.x_q))
 
 
+def predict_every_label(params: dict, prompts) -> jax.Array:
+    """Every label's prediction from the tokens before it: ŷ_n, the read-out at x_n's token (it sees x_1..x_n and
+    y_1..y_{n−1}), n = 1..N, and ŷ_q at the query's (Garg et al. 2022's training loss averages their errors).
+
+    Args:
+        params: one model's params.
+        prompts: P prompts: x (P, N, D), y (P, N), x_q (P, D).
+    Returns:
+        (P, N + 1) predictions of (y_1, …, y_N, y_q) (:func:`every_label_targets`); the last column is
+        :func:`predict`'s.
+    """
+    out = outputs(params, linreg_tokens(prompts.x, prompts.y, prompts.x_q))
+    return out[..., np.append(prompt_layout(prompts.x.shape[-2]).inputs, -1)]
+
+
+def every_label_targets(prompts) -> jax.Array:
+    """The labels :func:`predict_every_label` predicts: (y_1, …, y_N, y_q).
+
+    Args:
+        prompts: P prompts: y (P, N), y_q (P,).
+    Returns:
+        (P, N + 1) labels.
+    """
+    return jnp.concatenate([prompts.y, prompts.y_q[..., None]], axis=-1)
+
+
 def predict_multitask(params: dict, prompts) -> jax.Array:
     """ŷ_{n+1} of K-block prompts (:class:`iclab.tasks.multitask.MultitaskPrompts`; K = ``tasks.shape[-2]``).
 
@@ -422,3 +450,13 @@ for _family in (
 ):
     FAMILIES[_family.task] = register_model(_family)
 del _family
+
+#: The linreg transformer trained on every label (Garg et al. 2022's loss): the same init and params as
+#: ``transformer``, its prediction :func:`predict_every_label` (P, N + 1) and its target :func:`every_label_targets`,
+#: so that :func:`iclab.engines.train_family` (which takes a family object as well as a name) trains it on
+#: (1/(P(N+1))) Σ_p Σ_n (ŷ_{p,n} − y_{p,n})²; the trained params are ``transformer``'s (its ``predict`` reads them
+#: out at the query). Not registered: the linreg engines read a (P,) prediction of y_q from a registered family.
+EVERY_LABEL = ModelFamily("transformer_every_label", "linreg", _init_linreg, predict_every_label,
+                          target=every_label_targets,
+                          description="the linreg transformer's prediction of every label from the tokens before "
+                                      "it (Garg et al. 2022's training loss); ŷ ∈ R^{N+1}")
