@@ -18,10 +18,12 @@ import pytest
 from pydantic import BaseModel, Field
 
 import iclab.engines
+import iclab.models
 from iclab.engines.linreg import LinregSettings, LinregTraining
 from iclab.errors import ConfigError
 from iclab.experiments import ExperimentConfig, all_experiments, engine_fields, engine_grid, param, setting
 from iclab.experiments._config import field_rows
+from iclab.models.transformer import TransformerSettings
 from iclab.runner import resolve_config
 
 
@@ -29,6 +31,16 @@ def engine_specs() -> list[type[BaseModel]]:
     """Every pydantic model defined in a module of iclab.engines."""
     specs = []
     for info in pkgutil.iter_modules(iclab.engines.__path__, "iclab.engines."):
+        module = importlib.import_module(info.name)
+        specs += [obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, BaseModel)
+                  and obj is not BaseModel and obj.__module__ == module.__name__]
+    return specs
+
+
+def model_specs() -> list[type[BaseModel]]:
+    """Every pydantic model defined in a module of iclab.models (a model's settings, e.g. TransformerSettings)."""
+    specs = []
+    for info in pkgutil.iter_modules(iclab.models.__path__, "iclab.models."):
         module = importlib.import_module(info.name)
         specs += [obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, BaseModel)
                   and obj is not BaseModel and obj.__module__ == module.__name__]
@@ -78,15 +90,19 @@ def duplicated_fields(config: type[BaseModel], spec: type[BaseModel]) -> list[st
 # The plural of an engine field's name in a grid's name: its name + "s" (w_inits), or these English words.
 PLURALS = {"H": "heads", "R": "ranks"}
 SUFFIX = r"_[a-z][a-z0-9]*"  # a model's tag, as engine_fields allows: _m, _s, _a, _attn, ...
+def prefix_of(spec: type[BaseModel]) -> str:
+    """The prefix a model's settings go under: TransformerSettings -> transformer_ (other models' fields, e.g.
+    softmax_heads beside the transformer, are their own)."""
+    return spec.__name__.removesuffix("Settings").lower() + "_"
 # Fields whose name is an engine field's with a suffix but which are another thing, each with the reason.
 NOT_COPIES = {"Fig14Config.P_test": "the size of each test set (linattn.fig14), not training prompts"}
 
 
 def copy_of(name: str, spec: type[BaseModel]) -> tuple[str, str] | None:
-    """("suffixed" | "grid", engine field) when ``name`` is a field of ``spec`` under a suffix (lr_m) or a plural
-    of one with or without a suffix (w_inits_m, heads_m, ranks); None otherwise."""
+    """("suffixed" | "grid", engine field) when ``name`` is a field of ``spec`` under a suffix (lr_m) or prefix
+    (transformer_layers) or a plural of one with or without a suffix (w_inits_m, heads_m, ranks); None otherwise."""
     for field in spec.model_fields:
-        if re.fullmatch(re.escape(field) + SUFFIX, name):
+        if re.fullmatch(re.escape(field) + SUFFIX, name) or name == prefix_of(spec) + field:
             return "suffixed", field
         plural = PLURALS.get(field, field + "s")
         if re.fullmatch(re.escape(plural) + f"({SUFFIX})?", name):
@@ -110,7 +126,7 @@ def copied_fields(config: type[BaseModel], spec: type[BaseModel]) -> list[str]:
         record = "__engine_fields__" if kind == "suffixed" else "__engine_grids__"
         source = vars(owner).get(record, {}).get(name)
         if source is None or source[1] != field or _declaring(source[0], field) is not _declaring(spec, field):
-            how = "engine_fields(..., suffix=)" if kind == "suffixed" else "engine_grid"
+            how = "engine_fields(..., suffix= or prefix=)" if kind == "suffixed" else "engine_grid"
             bad.append(f"{owner.__qualname__}.{name} declared anew (not taken from {spec.__name__}.{field} "
                        f"with {how})")
             continue
@@ -147,8 +163,8 @@ def builds_spec(config: type[BaseModel], spec: type[BaseModel]) -> bool:
 
 
 def test_no_experiment_config_redeclares_an_engine_field():
-    specs = engine_specs()
-    assert LinregTraining in specs and LinregSettings in specs
+    specs = engine_specs() + model_specs()
+    assert LinregTraining in specs and LinregSettings in specs and TransformerSettings in specs
     checked, copies, exempt, bad = set(), set(), set(), []
     for exp_id, exp in all_experiments().items():
         for spec in specs:
@@ -177,6 +193,9 @@ def test_no_experiment_config_redeclares_an_engine_field():
     assert {("linattn.fig6", "w_inits_m"), ("linattn.fig6", "w_inits_s"), ("linattn.fig8", "heads_m"),
             ("linattn.fig8", "ranks_s"), ("linattn.fig8", "H_s")} <= copies
     assert {(f"linattn.fig{n}", "ranks") for n in (4, 11, 12, 13)} <= copies
+    # ... and both lab experiments that train the transformer take its settings from TransformerSettings
+    assert {(exp_id, f"transformer_{name}") for exp_id in ("lab.task_diversity", "lab.drift_families")
+            for name in TransformerSettings.model_fields} <= copies
     assert set(NOT_COPIES) <= exempt  # each exemption is still in use
 
 
@@ -227,16 +246,16 @@ def test_the_check_fails_on_suffixed_copies_and_grids_declared_by_hand():
         return sorted(b.split("<locals>.", 1)[-1] for b in bad)
 
     assert local(copied_fields(HandSuffixed, LinregTraining)) == [
-        "HandSuffixed.H_m declared anew (not taken from LinregTraining.H with engine_fields(..., suffix=))",
-        "HandSuffixed.lr_s declared anew (not taken from LinregTraining.lr with engine_fields(..., suffix=))"]
+        "HandSuffixed.H_m declared anew (not taken from LinregTraining.H with engine_fields(..., suffix= or prefix=))",
+        "HandSuffixed.lr_s declared anew (not taken from LinregTraining.lr with engine_fields(..., suffix= or prefix=))"]
     assert local(copied_fields(HandGrid, LinregSettings)) == [
         "HandGrid.ranks declared anew (not taken from LinregSettings.R with engine_grid)",
         "HandGrid.w_inits_m declared anew (not taken from LinregSettings.w_init with engine_grid)"]
     assert copied_fields(Taken, LinregTraining) == [] and copied_fields(Taken, LinregSettings) == []
     assert local(copied_fields(RedeclaredBelow, LinregSettings)) == [
-        "RedeclaredBelow.lr_m declared anew (not taken from LinregSettings.lr with engine_fields(..., suffix=))"]
+        "RedeclaredBelow.lr_m declared anew (not taken from LinregSettings.lr with engine_fields(..., suffix= or prefix=))"]
     assert local(copied_fields(WrongSource, LinregSettings)) == [
-        "WrongSource.steps_x declared anew (not taken from LinregSettings.steps with engine_fields(..., suffix=))"]
+        "WrongSource.steps_x declared anew (not taken from LinregSettings.steps with engine_fields(..., suffix= or prefix=))"]
     # a hand declaration that records itself as taken still fails on its description, type and bounds
     class Impostor(ExperimentConfig):
         lr_x: float = param(0.1, "ATTN_X GD learning rate", gt=0, le=1e9)
@@ -255,6 +274,31 @@ def test_the_check_fails_on_suffixed_copies_and_grids_declared_by_hand():
     assert copy_of("rtols", LinregSettings) == ("grid", "rtol")
     assert copy_of("t_max_m", LinregSettings) is None and copy_of("Hm", LinregSettings) is None
     assert copy_of("P_test", LinregSettings) == ("suffixed", "P")  # caught, then exempted (NOT_COPIES)
+
+
+def test_the_check_fails_on_a_models_settings_declared_by_hand_under_a_prefix():
+    class HandTransformer(ExperimentConfig):  # lab.drift_families as it was: the transformer's sizes declared anew
+        transformer_layers: int = param(2, "transformer blocks", ge=1, le=64)
+        transformer_w_init: float = param(0.02, "transformer weights' init std", gt=0, le=10)
+
+    class TakenTransformer(ExperimentConfig):
+        transformer_settings: ClassVar = engine_fields(TransformerSettings, prefix="transformer_", label="transformer",
+                                                       layers=setting(2), w_init=setting(0.02, le=1))
+
+    bad = sorted(b.split("<locals>.", 1)[-1] for b in copied_fields(HandTransformer, TransformerSettings))
+    assert bad == [
+        "HandTransformer.transformer_layers declared anew (not taken from TransformerSettings.layers with "
+        "engine_fields(..., suffix= or prefix=))",
+        "HandTransformer.transformer_w_init declared anew (not taken from TransformerSettings.w_init with "
+        "engine_fields(..., suffix= or prefix=))"]
+    assert copied_fields(TakenTransformer, TransformerSettings) == []
+    assert TakenTransformer.model_fields["transformer_layers"].description == \
+        "transformer: " + TransformerSettings.model_fields["layers"].description
+    assert copy_of("transformer_heads", TransformerSettings) == ("suffixed", "heads")
+    with pytest.raises(TypeError, match="prefix must be"):
+        engine_fields(TransformerSettings, prefix="Transformer", label="transformer", layers=setting(2))
+    with pytest.raises(TypeError, match="together"):
+        engine_fields(TransformerSettings, prefix="transformer_", layers=setting(2))
 
 
 def test_suffixed_fields_and_grids_keep_the_engine_declaration():
@@ -326,9 +370,9 @@ def test_engine_fields_refuses_what_the_engine_does_not_declare_or_allow():
         class TwiceSuffixed(ExperimentConfig):
             H_m: int = param(8, "ATTN_M heads", ge=1)
             attn_m: ClassVar = engine_fields(LinregSettings, suffix="_m", label="ATTN_M", H=setting(8))
-    with pytest.raises(TypeError, match="suffix and a label together"):
+    with pytest.raises(TypeError, match="suffix or prefix and a label together"):
         engine_fields(LinregSettings, suffix="_m", H=setting(8))
-    with pytest.raises(TypeError, match="suffix and a label together"):
+    with pytest.raises(TypeError, match="suffix or prefix and a label together"):
         engine_fields(LinregSettings, label="ATTN_M", H=setting(8))
     with pytest.raises(TypeError, match="suffix must be '_' then lowercase"):
         engine_fields(LinregSettings, suffix="M", label="ATTN_M", H=setting(8))

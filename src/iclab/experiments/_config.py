@@ -75,17 +75,19 @@ def setting(default: Any, *, paper: Any = None, paper_note: str | None = None, c
 
 class EngineFields(dict):
     """{engine field name: :class:`Setting`} taken from one engine specification (:func:`engine_fields`), each
-    becoming the config field ``name + suffix``."""
+    becoming the config field ``prefix + name + suffix``."""
 
-    def __init__(self, spec: type[BaseModel], settings: dict[str, Setting], suffix: str = "", label: str | None = None):
+    def __init__(self, spec: type[BaseModel], settings: dict[str, Setting], suffix: str = "", label: str | None = None,
+                 prefix: str = ""):
         super().__init__(settings)
-        self.spec, self.suffix, self.label = spec, suffix, label
+        self.spec, self.suffix, self.label, self.prefix = spec, suffix, label, prefix
 
 
 _SUFFIX = re.compile(r"_[a-z][a-z0-9]*")
+_PREFIX = re.compile(r"[a-z][a-z0-9]*_")
 
 
-def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None = None,
+def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None = None, prefix: str = "",
                   **settings: Setting) -> EngineFields:
     """Fields of a config taken from an engine's specification, declared there once.
 
@@ -98,7 +100,9 @@ def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None 
     A config that trains several models side by side takes the fields once per model, each group under its
     ``suffix`` and ``label``: ``engine_fields(LinregSettings, suffix="_m", label="softmax ATTN_M", H=setting(8))``
     adds ``H_m``, of the engine's type and bounds (narrowable only), described as ``"softmax ATTN_M: "`` followed
-    by the engine's description. A suffixed field is not read by :meth:`iclab.engines.linreg.LinregTraining.of`
+    by the engine's description; ``prefix="transformer_"`` names them ``transformer_layers`` likewise (a model's
+    settings, :class:`iclab.models.transformer.TransformerSettings`, taken beside another model's). A suffixed or
+    prefixed field is not read by :meth:`iclab.engines.linreg.LinregTraining.of`
     (its name is not the engine's): the config passes it to the run's specification itself.
 
     A list of values of an engine field that a config sweeps (the init scales of an init sweep, the ranks of a
@@ -111,25 +115,29 @@ def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None 
         spec: the engine's pydantic specification (e.g. :class:`iclab.engines.linreg.LinregSettings`).
         suffix: appended to each field's name (``_`` then lowercase letters or digits, e.g. ``_m``); empty: the
             engine's names.
-        label: with a suffix (and only then), the model the group belongs to, put before the engine's
+        label: with a suffix or prefix (and only then), the model the group belongs to, put before the engine's
             description as ``"{label}: {description}"``.
+        prefix: put before each field's name (lowercase letters or digits then ``_``, e.g. ``transformer_``).
         settings: engine field name -> :func:`setting`.
     Returns:
         The :class:`EngineFields`, which :class:`ExperimentConfig` expands when the class is created.
     Raises:
         TypeError: a name that is not a field of ``spec``, a value that is not a :func:`setting`, a malformed
-            suffix, or a suffix without a label (or a label without a suffix).
+            suffix or prefix, or one without a label (or a label without either).
     """
     if suffix and not _SUFFIX.fullmatch(suffix):
         raise TypeError(f"suffix must be '_' then lowercase letters or digits, e.g. '_m' (got {suffix!r})")
-    if bool(suffix) != bool(label):
-        raise TypeError("give a suffix and a label together (the label names the model the suffixed fields belong to)")
+    if prefix and not _PREFIX.fullmatch(prefix):
+        raise TypeError(f"prefix must be lowercase letters or digits then '_', e.g. 'transformer_' (got {prefix!r})")
+    if bool(suffix or prefix) != bool(label):
+        raise TypeError("give a suffix or prefix and a label together (the label names the model the fields belong "
+                        "to)")
     for name, value in settings.items():
         if name not in spec.model_fields:
             raise TypeError(f"{name!r} is not a field of {spec.__name__}")
         if not isinstance(value, Setting):
             raise TypeError(f"{name}: give iclab.experiments.setting(default, paper=...), not {type(value).__name__}")
-    return EngineFields(spec, settings, suffix, label)
+    return EngineFields(spec, settings, suffix, label, prefix)
 
 
 class EngineGrid(NamedTuple):
@@ -271,7 +279,7 @@ class ExperimentConfig(BaseModel):
             if not isinstance(group, EngineFields):
                 continue
             for engine_name, s in group.items():
-                field = engine_name + group.suffix
+                field = group.prefix + engine_name + group.suffix
                 if field in own or field in taken:
                     raise TypeError(f"{cls.__name__}.{field} is declared twice: by hand and taken from "
                                     f"{group.spec.__name__}")

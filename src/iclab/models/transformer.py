@@ -54,15 +54,16 @@ outputs per token). The heads are read from the shapes.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from iclab.models._family import ModelFamily, register_model
 
-__all__ = ["EVERY_LABEL", "FAMILY", "FAMILIES", "Layout", "drift_tokens", "every_label_targets", "init_transformer",
+__all__ = ["EVERY_LABEL", "FAMILY", "FAMILIES", "Layout", "TransformerSettings", "drift_tokens", "every_label_targets", "init_transformer",
            "linreg_tokens", "multitask_regression_tokens", "multitask_tokens", "naive_outputs", "outputs", "predict",
            "predict_drift", "predict_every_label", "predict_multitask",
            "predict_multitask_regression", "prompt_layout"]
@@ -403,6 +404,29 @@ def predict_multitask_regression(params: dict, prompts) -> jax.Array:
         (P, d_y) predictions: the read-outs at the query's token.
     """
     return _at_query(params, multitask_regression_tokens(prompts.X, prompts.Y, prompts.q))
+
+
+class TransformerSettings(BaseModel):
+    """The transformer's settings an experiment exposes, declared once: its architecture and init
+    (:func:`init_transformer`) and the labels it trains on.
+
+    An experiment's config takes them with ``engine_fields(TransformerSettings, prefix="transformer_",
+    label="transformer", layers=setting(2), ...)`` (:func:`iclab.experiments.engine_fields`), so that every
+    experiment training this family names, bounds and describes them alike (``transformer_layers``, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: int = Field(2, description="pre-LN blocks (one block cannot pair x_i with y_i, a token apart)", ge=1,
+                        le=64)
+    width: int = Field(32, description="residual width E (a multiple of heads)", ge=1, le=4096)
+    heads: int = Field(2, description="attention heads per block", ge=1, le=64)
+    w_init: float = Field(0.02, description="init std of every weight (GPT-2's 0.02)", gt=0, le=10)
+    positions: bool = Field(True, description="learned positional embeddings (GPT-2's; without them the pre-LayerNorm "
+                            "reads a token's direction only and cannot pair x_i with y_i)")
+    loss: Literal["every_label", "query"] = Field(
+        "every_label", description="the training loss: the mean squared error of every label predicted from the "
+        "tokens before it (Garg et al.; Raventós et al.), or of the query's alone")
 
 
 def _defaults(H: int, sizes: dict[str, Any]) -> dict[str, Any]:

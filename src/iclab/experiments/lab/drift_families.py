@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -73,12 +73,13 @@ from iclab import baselines as bl
 from iclab.engines import Members, family_members, seed_keys, train_members
 from iclab.experiments import Experiment, register
 from iclab.experiments._analysis import control_variate_risk
-from iclab.experiments._config import TrainingConfig, param
+from iclab.experiments._config import TrainingConfig, engine_fields, param, setting
 from iclab.experiments._memory import FLOAT64, itemsize, largest, records, total
 from iclab.experiments._plot import BASELINE_STYLE, COLORS, figure
 from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.models import gla_forget as gla
 from iclab.models import transformer as transformer_model
+from iclab.models.transformer import TransformerSettings
 from iclab.progress import task
 from iclab.tasks.drift import tokens
 from iclab.tasks.state_space import ar1_process, rotation_process, sample_state_space_prompts, task_autocovariance, \
@@ -262,17 +263,9 @@ class DriftFamiliesConfig(TrainingConfig):
     init_std: float = param(0.1, "std of the Gaussian init of every weight entry", gt=0, le=10)
     transformer: bool = param(True, "also train one standard transformer per setting (the registered family "
                               "transformer_drift, GPT-2's pre-LN blocks) in the same joint run")
-    transformer_layers: int = param(2, "transformer blocks (one block cannot pair x_i with y_i, a token apart)",
-                                    ge=1, le=64)
-    transformer_width: int = param(16, "transformer residual width E (a multiple of transformer_heads)", ge=1,
-                                   le=4096)
-    transformer_heads: int = param(2, "transformer attention heads per block", ge=1, le=64)
-    transformer_init: float = param(0.02, "transformer weights' init std (GPT-2's 0.02)", gt=0, le=10)
-    transformer_positions: bool = param(True, "learned positional embeddings (GPT-2's; 2n + 1 of them): the "
-                                        "transformer can then tell recent pairs from old ones")
-    transformer_loss: Literal["every_label", "query"] = param(
-        "every_label", "the transformer's training loss: the mean squared error of every label y_i predicted from "
-        "the tokens before it (an online predictor, as the LMS/RLS/Bayes filters are), or of y_{n+1} alone")
+    transformer_settings: ClassVar = engine_fields(
+        TransformerSettings, prefix="transformer_", label="transformer", layers=setting(2), width=setting(16),
+        heads=setting(2), w_init=setting(0.02), positions=setting(True), loss=setting("every_label"))
     transformer_batch: int = param(256, "prompts per step and setting the transformer trains on (the first of "
                                    "the GLA's batch of its setting; at most batch)", ge=1, le=1_000_000)
     transformer_lr: float = param(3e-3, "the transformer's learning rate (peak of the same schedule as the GLA's)",
@@ -448,7 +441,7 @@ def transformer_members(config: DriftFamiliesConfig, ids) -> Members:
     built by ``iclab.engines.family_members`` (the family's init, predict and target y_{n+1}); member r trains on
     the first ``transformer_batch`` prompts of row r's batch, on the loss ``transformer_loss``."""
     sizes = dict(d=config.d, H=config.transformer_heads, layers=config.transformer_layers,
-                 width=config.transformer_width, w_init=config.transformer_init, dtype=config.jnp_dtype(),
+                 width=config.transformer_width, w_init=config.transformer_w_init, dtype=config.jnp_dtype(),
                  max_tokens=2 * config.n + 1 if config.transformer_positions else 0)
     one = family_members(transformer_model.FAMILIES["drift"], np.zeros(1, int), sizes=sizes)  # one row's member
 

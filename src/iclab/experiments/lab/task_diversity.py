@@ -38,20 +38,21 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from typing import Literal
+from typing import ClassVar
 
 from pydantic import field_validator, model_validator
 
 from iclab import baselines as bl
 from iclab.engines import Members, seed_keys, train_members
 from iclab.experiments import Experiment, register
-from iclab.experiments._config import TrainingConfig, param
+from iclab.experiments._config import TrainingConfig, engine_fields, param, setting
 from iclab.experiments._memory import FLOAT64, itemsize, largest, records, total
 from iclab.experiments._plot import BASELINE_STYLE, COLORS, THEORY_STYLE, figure
 from iclab.experiments.checks import check_at_least, check_at_most
 from iclab.models import get_model
 from iclab.models import mhsa as mhsa_model
 from iclab.models import transformer as transformer_model
+from iclab.models.transformer import TransformerSettings
 from iclab.progress import task
 from iclab.tasks.linreg import Prompts
 from iclab.tasks.pool import sample_pool, sample_pool_prompts
@@ -92,16 +93,12 @@ class TaskDiversityConfig(TrainingConfig):
     batch: int = param(64, "prompts per step for each model and M", paper=256, ge=1, le=65_536)
     steps: int = param(1500, "optimiser steps", paper=500_000, ge=1, le=10_000_000)
     lr: float = param(1e-3, "learning rate (the peak of the schedule)", paper=1e-3, gt=0, le=100)
-    layers: int = param(2, "transformer blocks", paper=8, ge=1, le=64)
-    width: int = param(32, "transformer residual width E (a multiple of heads)", paper=128, ge=1, le=4096)
-    heads: int = param(2, "transformer attention heads per block", paper=2, ge=1, le=64)
-    w_init: float = param(0.02, "transformer weights' init std (GPT-2's 0.02)", gt=0, le=10)
-    positions: bool = param(True, "learned positional embeddings in the transformer (GPT-2's; without them its "
-                            "pre-LayerNorm reads a token's direction only and cannot pair x_n with y_n)",
-                            paper=True)
-    transformer_loss: Literal["every_label", "query"] = param(
-        "every_label", "the transformer's training loss: the mean squared error of every label predicted from the "
-        "tokens before it (Garg et al.; Raventós et al.), or of the query's alone", paper="every_label")
+    transformer_settings: ClassVar = engine_fields(
+        TransformerSettings, prefix="transformer_", label="transformer",
+        layers=setting(2, paper=8, paper_note="Raventós et al.: 8 layers"),
+        width=setting(32, paper=128, paper_note="Raventós et al.: embedding 128"),
+        heads=setting(2, paper=2), w_init=setting(0.02, paper=0.02, paper_note="GPT-2's init"),
+        positions=setting(True, paper=True), loss=setting("every_label", paper="every_label"))
     linear_heads: int = param(1, "ATTN_M heads H (any H ≥ 1 spans every A = Σ_i v_i U_i)", ge=1, le=64)
     linear_init: float = param(0.01, "ATTN_M init scale w_init (linattn eq 34)", gt=0, le=10)
     softmax_heads: int = param(2, "heads of the one-layer softmax attention (mhsa eq 2.1)", ge=1, le=64)
@@ -125,8 +122,9 @@ class TaskDiversityConfig(TrainingConfig):
 
     @model_validator(mode="after")
     def _sizes(self):
-        if self.width % self.heads:
-            raise ValueError(f"width must be a multiple of heads = {self.heads} (got {self.width})")
+        if self.transformer_width % self.transformer_heads:
+            raise ValueError(f"transformer_width must be a multiple of transformer_heads = {self.transformer_heads} "
+                             f"(got {self.transformer_width})")
         return self
 
     def d_e(self) -> int:
@@ -196,8 +194,8 @@ def model_groups(config: TaskDiversityConfig) -> dict[str, Members]:
 
     inits = {
         "transformer": lambda key, s: transformer_model.init_transformer(
-            key, D=config.D, H=config.heads, w_init=config.w_init, layers=config.layers, width=config.width,
-            max_tokens=2 * config.N + 1 if config.positions else 0, dtype=dtype),
+            key, D=config.D, H=config.transformer_heads, w_init=config.transformer_w_init, layers=config.transformer_layers,
+            width=config.transformer_width, max_tokens=2 * config.N + 1 if config.transformer_positions else 0, dtype=dtype),
         "linear": lambda key, s: cast(linear.init(key, D=config.D, H=config.linear_heads, w_init=config.linear_init)),
         "softmax": lambda key, s: _init_softmax(key, D=config.D, H=config.softmax_heads, d_e=config.d_e(),
                                                 std=config.softmax_init, dtype=dtype),
@@ -508,9 +506,9 @@ def memory_task_diversity(config: TaskDiversityConfig) -> tuple[float, str]:
     recorded losses; then the evaluation (float64): one chunk of prompts per distribution with dMMSE's
     chunk·M_max·N residuals (3 copies) and the models' activations on the chunk."""
     S, K, item = config.seeds, len(config.pool_sizes), itemsize(config.dtype)
-    T, E = 2 * config.N + 1, config.width
+    T, E = 2 * config.N + 1, config.transformer_width
     batch = S * K * config.batch
-    per_prompt = (T * (config.D + 1) + T * config.layers * (12 * E + config.heads * T)
+    per_prompt = (T * (config.D + 1) + T * config.transformer_layers * (12 * E + config.transformer_heads * T)
                   + 4 * config.softmax_heads * config.d_e() * (config.N + 1))
     train = total([(4.0 * item * batch * per_prompt, f"the transformer's activations on {S}·{K}·{config.batch} prompts"),
                    (records(seeds=S, steps=config.steps, record_every=config.record_every, values=len(MODELS) * K + 1),
@@ -536,10 +534,10 @@ register(
         config=TaskDiversityConfig,
         presets={
             "quick": {"record_losses": False},
-            "paper": {"D": 3, "N": 12, "pool_sizes": [1, 4, 16, 64, 0], "steps": 8000, "width": 64,
+            "paper": {"D": 3, "N": 12, "pool_sizes": [1, 4, 16, 64, 0], "steps": 8000, "transformer_width": 64,
                       "eval_prompts": 4096, "record_every": 200},
             "raventos": {"D": 8, "N": 16, "pool_sizes": [1, 4, 16, 64, 256, 1024, 4096, 16384, 0], "batch": 256,
-                         "steps": 50_000, "layers": 4, "width": 128, "heads": 2, "lr_schedule": "cosine",
+                         "steps": 50_000, "transformer_layers": 4, "transformer_width": 128, "transformer_heads": 2, "lr_schedule": "cosine",
                          "eval_prompts": 16_384, "eval_chunk": 512, "record_every": 500},
         },
         run=run_task_diversity,
