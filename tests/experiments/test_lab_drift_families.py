@@ -14,7 +14,8 @@ from iclab.progress import Reporter
 
 TINY = dict(d=2, n=5, ar1_gammas=[0.9], rotation_omegas=[0.3], trend_sigma_u2=[1e-3], hazards=[0.2],
             lams=[0.8, 1.0], batch=16, steps=3, eval_prompts=200, tune_prompts=20, chunk=100, lms_mus=[0.05, 0.1],
-            rls_betas=[0.9, 1.0], record_every=1)
+            rls_betas=[0.9, 1.0], record_every=1, transformer=True,
+            transformer_batch=16)  # the quick preset leaves the transformer out
 
 
 @pytest.fixture(scope="module")
