@@ -54,7 +54,9 @@ step and setting, 500 steps) the quick preset took about 1.8× as long, and the 
 of predicting the prior mean: its risk was that of ŷ = 0, tr(Λ C(n+1, n+1)) + σ² (0.96-1.04 of it per setting at
 seeds 0 and 1), which is all its check asks (no worse than ignoring the context, 3 SE). Learning in context from
 these tokens needs two blocks (one pairs x_i with y_i, the next reads the pairs) and far more steps than the GLA's,
-whose tokens hold the pair (x_i, y_i) already. The paper preset trains it.
+whose tokens hold the pair (x_i, y_i) already. The paper preset trains it (256 prompts per step and setting,
+1500 steps) and it stays there too (0.99-1.02 of ŷ = 0's risk per setting): whether a transformer tracks these
+drifts better than one forget factor is a question for a longer training than these presets give.
 """
 
 from __future__ import annotations
