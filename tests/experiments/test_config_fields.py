@@ -27,20 +27,11 @@ from iclab.models.transformer import TransformerSettings
 from iclab.runner import resolve_config
 
 
-def engine_specs() -> list[type[BaseModel]]:
-    """Every pydantic model defined in a module of iclab.engines."""
+def pydantic_models(package) -> list[type[BaseModel]]:
+    """Every pydantic model defined in a module of ``package`` (iclab.engines: the engines' specifications, e.g.
+    LinregTraining; iclab.models: a model's settings, e.g. TransformerSettings)."""
     specs = []
-    for info in pkgutil.iter_modules(iclab.engines.__path__, "iclab.engines."):
-        module = importlib.import_module(info.name)
-        specs += [obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, BaseModel)
-                  and obj is not BaseModel and obj.__module__ == module.__name__]
-    return specs
-
-
-def model_specs() -> list[type[BaseModel]]:
-    """Every pydantic model defined in a module of iclab.models (a model's settings, e.g. TransformerSettings)."""
-    specs = []
-    for info in pkgutil.iter_modules(iclab.models.__path__, "iclab.models."):
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
         module = importlib.import_module(info.name)
         specs += [obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, BaseModel)
                   and obj is not BaseModel and obj.__module__ == module.__name__]
@@ -163,7 +154,7 @@ def builds_spec(config: type[BaseModel], spec: type[BaseModel]) -> bool:
 
 
 def test_no_experiment_config_redeclares_an_engine_field():
-    specs = engine_specs() + model_specs()
+    specs = pydantic_models(iclab.engines) + pydantic_models(iclab.models)
     assert LinregTraining in specs and LinregSettings in specs and TransformerSettings in specs
     checked, copies, exempt, bad = set(), set(), set(), []
     for exp_id, exp in all_experiments().items():
