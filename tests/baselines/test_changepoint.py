@@ -23,12 +23,29 @@ def _log_normal(y, K):
     return -0.5 * (z @ z) - np.log(np.diag(L)).sum() - 0.5 * len(y) * np.log(2 * np.pi)
 
 
+def _singular_log_normal(y, K):
+    """(deficiency, log density) of y under the singular N(0, K) in the limit of vanishing noise, by the eigen-
+    decomposition of K: (−1, −∞) if y is off the range of K; otherwise the number of zero eigenvalues (labels
+    determined by the others) and the pseudo-determinant density on the range."""
+    lam, V = np.linalg.eigh(K)
+    keep = lam > 1e-10 * max(lam.max(), 1.0)
+    z = V.T @ y
+    if np.linalg.norm(z[~keep]) > 1e-7 * max(np.linalg.norm(y), 1.0):
+        return -1, -np.inf
+    return int((~keep).sum()), (-0.5 * np.sum(z[keep] ** 2 / lam[keep]) - 0.5 * np.log(lam[keep]).sum()
+                                - 0.5 * keep.sum() * np.log(2 * np.pi))
+
+
 def _brute(x, y, *, hazard, Sigma, sigma2):
     """Predictive mean and variance of y_T given y_<T, the posterior of the last switch at or before T, and
     log p(y_1..y_{T−1}): every switch pattern b_2..b_T (2^{T−1} of them) weighted by its prior probability
-    times the Gaussian marginal likelihood of y_1..y_{T−1}, each pattern's segments conditioned by hand."""
+    times the Gaussian marginal likelihood of y_1..y_{T−1}, each pattern's segments conditioned by hand.
+
+    σ² = 0 takes the limit σ → 0 of these weights from the singular likelihoods: the patterns under which y_<T
+    lies on the range of its covariance with the most labels determined (zero eigenvalues) win, weighed by
+    their prior times pseudo-determinant density; the evidence is then +∞ if some label is determined."""
     T = x.shape[0]
-    logw, means, variances, lasts = [], [], [], []
+    logw, ranks, means, variances, lasts = [], [], [], [], []
     for bits in itertools.product((0, 1), repeat=T - 1):
         b = np.array((1,) + bits)
         seg = np.cumsum(b)  # the segment id of every position
@@ -36,13 +53,23 @@ def _brute(x, y, *, hazard, Sigma, sigma2):
         K = same * (x @ Sigma @ x.T)  # Cov(y_i, y_j) without noise, all T positions
         Kc = K[:-1, :-1] + sigma2 * np.eye(T - 1)
         kq = K[-1, :-1]
-        logw.append(sum(np.log(hazard) if bi else np.log1p(-hazard) for bi in bits) + _log_normal(y[:-1], Kc))
-        means.append(kq @ np.linalg.solve(Kc, y[:-1]))
-        variances.append(K[-1, -1] + sigma2 - kq @ np.linalg.solve(Kc, kq))
+        prior = sum(np.log(hazard) if bi else np.log1p(-hazard) for bi in bits)
+        if sigma2 > 0:
+            ranks.append(0)
+            logw.append(prior + _log_normal(y[:-1], Kc))
+            Kinv = np.linalg.inv(Kc)
+        else:
+            deficiency, logd = _singular_log_normal(y[:-1], Kc) if T > 1 else (0, 0.0)
+            ranks.append(deficiency)
+            logw.append(prior + logd)
+            Kinv = np.linalg.pinv(Kc, rcond=1e-10, hermitian=True) if T > 1 else np.zeros((0, 0))
+        means.append(kq @ Kinv @ y[:-1])
+        variances.append(K[-1, -1] + sigma2 - kq @ Kinv @ kq)
         lasts.append(np.max(np.nonzero(b)[0]))  # 0-based position of the last switch
-    logw = np.array(logw)
+    ranks, logw = np.array(ranks), np.array(logw)
+    logw = np.where(ranks == ranks.max(), logw, -np.inf)
     p = np.exp(logw - logw.max())
-    logev = logw.max() + np.log(p.sum())
+    logev = np.inf if ranks.max() > 0 else logw.max() + np.log(p.sum())
     p /= p.sum()
     mean = p @ np.array(means)
     var = p @ (np.array(variances) + (np.array(means) - mean) ** 2)
@@ -58,13 +85,17 @@ def _prompts(key, B, *, hazard, sigma2, n, d, prior_cov=1.0, Lam=None):
 
 
 # n + 1 = 8 tokens (2^7 = 128 patterns for the last prediction), d = 3; a matrix prior in one case; noise from
-# small to large; σ² = 0 where it is defined (T ≤ d: here d = 8 ≥ 8 tokens).
+# small to large; σ² = 0 with segments shorter than d (d = 8 ≥ 8 tokens) and with longer ones (d = 2: labels
+# determined by their segment's first two, at a high and a low hazard and with a matrix prior).
 CASES = [  # hazard, σ², prior, d
     (0.2, 0.1, 1.0, 3),
     (0.05, 0.01, 2.0, 3),
     (0.5, 1.0, 1.0, 3),
     (0.3, 0.05, "matrix", 3),
     (0.2, 0.0, 1.0, 8),
+    (0.3, 0.0, 1.0, 2),
+    (0.05, 0.0, 2.0, 2),
+    (0.2, 0.0, "matrix", 2),
 ]
 
 
@@ -137,11 +168,12 @@ def test_layouts_dtype_and_bad_input():
         bl.changepoint_posterior_mean(x, y, xq, hazard=1.5, sigma2=0.1)
     with pytest.raises(ConfigError, match=r"^sigma2: .*>= 0"):
         bl.changepoint_filter(pr.x, pr.y, hazard=0.1, sigma2=-1.0)
-    with pytest.raises(ConfigError, match=r"^sigma2: 0 .* at most d = 3 conditioned labels, got 10"):
-        bl.changepoint_posterior_mean(x, y, xq, hazard=0.1, sigma2=0.0)
-    # traced σ² = 0 beyond d labels cannot be refused: it gives nan, never a number
+    # noiseless labels beyond d need a positive definite prior; a traced σ² = 0 gives the concrete one's numbers
+    with pytest.raises(ConfigError, match=r"^prior_cov: noiseless labels \(sigma2 = 0\) beyond d = 3 need a positive"):
+        bl.changepoint_posterior_mean(x, y, xq, hazard=0.1, prior_cov=np.diag([1.0, 1.0, 0.0]), sigma2=0.0)
     traced = jax.jit(lambda s2: bl.changepoint_posterior_mean(x, y, xq, hazard=0.1, sigma2=s2))
-    assert np.all(np.isnan(traced(0.0)))
+    np.testing.assert_allclose(traced(0.0), bl.changepoint_posterior_mean(x, y, xq, hazard=0.1, sigma2=0.0),
+                               rtol=0, atol=1e-12)
     np.testing.assert_allclose(traced(0.1), want, rtol=0, atol=1e-12)
 
 
@@ -189,6 +221,28 @@ def test_bayes_risk_is_the_mean_squared_error(mc_prompts):
     # the first token is predicted by the prior: risk tr(ΛΣ_w) + σ² exactly in expectation
     assert abs(float(est.mean[0]) - (3.0 + SIGMA2)) < 4 * float(est.se[0])
     assert np.all(np.asarray(est.se) > 0)
+
+
+def test_noiseless_bayes_risk_is_the_mean_squared_error_and_vanishes_without_switches():
+    # σ² = 0, d = 2, 16 tokens: most labels are determined by their segment's first two (module docstring)
+    P0, h = 4000, 0.15
+    pr = _prompts(12, P0, hazard=h, sigma2=0.0, n=15, d=2)
+    f = bl.changepoint_filter(pr.x, pr.y, hazard=h, sigma2=0.0)
+    assert np.all(np.isfinite(f.predictions)) and np.all(np.isfinite(f.variances))
+    np.testing.assert_allclose(f.run_length.sum(-1), 1.0, rtol=0, atol=1e-12)
+    diff = np.asarray((f.predictions - pr.y) ** 2 - f.variances)  # paired: mean 0 at every position (4 SE)
+    se = diff.std(axis=0, ddof=1) / np.sqrt(P0)
+    assert np.all(np.abs(diff.mean(axis=0)) < 4 * se), (diff.mean(axis=0), se)
+    # a label after two of an unbroken segment is predicted exactly unless a switch happens at it: the risk at
+    # position t ≥ 3 is at least h·E[x_tᵀw]² = h·d (a switch there) and far below the prior's d
+    est = bl.changepoint_bayes_risk(pr.x, pr.y, hazard=h, sigma2=0.0)
+    assert np.all(np.asarray(est.mean[2:]) > h * 2.0 - 4 * np.asarray(est.se[2:]))
+    assert np.all(np.asarray(est.mean[6:]) < 0.5 * 2.0)
+    # without switches every label past the d-th is exact: h = 0 gives zero predictive variance there
+    f0 = bl.changepoint_filter(pr.x, np.einsum("btd,bd->bt", pr.x, pr.w[:, 0]), hazard=0.0, sigma2=0.0)
+    np.testing.assert_array_equal(f0.variances[:, 2:], 0.0)
+    np.testing.assert_allclose(f0.predictions[:, 2:], np.einsum("btd,bd->bt", pr.x, pr.w[:, 0])[:, 2:], rtol=0,
+                               atol=1e-9)
 
 
 def test_no_linear_tracker_beats_the_bayes_predictor_and_ridge_loses_clearly(mc_prompts):
