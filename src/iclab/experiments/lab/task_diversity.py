@@ -158,9 +158,8 @@ def _every_label_losses(params, batch, settings):
     (ŷ_n − y_n)², ŷ_n the read-out at x_n's token (it sees x_1..x_n and y_1..y_{n−1}), n = 1..N+1 (the query)."""
 
     def loss_one(params, prompts):
-        out = transformer_model.outputs(params, transformer_model.linreg_tokens(prompts.x, prompts.y, prompts.x_q))
-        labels = jnp.concatenate([prompts.y, prompts.y_q[:, None]], axis=-1)    # (P, N + 1)
-        return jnp.mean((out[:, 0::2] - labels) ** 2)
+        out = transformer_model.predict_every_label(params, prompts)    # (P, N + 1)
+        return jnp.mean((out - transformer_model.every_label_targets(prompts)) ** 2)
 
     return jax.vmap(loss_one)(params, batch)
 
