@@ -254,7 +254,9 @@ class DriftFamiliesConfig(TrainingConfig):
     d: int = param(8, "input dimension d (even when rotation is compared)", ge=2, le=64)
     n: int = param(50, "labelled context pairs n of a prompt (the query is token n+1)", ge=2, le=1000)
     sigma_w2: float = param(1.0, "prior variance σ_w² of a task coordinate (w_0 of every family)", gt=0, le=1e6)
-    sigma2: float = param(0.01, "label-noise variance σ² (every label, the scored target included)", gt=0, le=1e6)
+    sigma2: float = param(0.01, "label-noise variance σ² (every label, the scored target included; > 0: without "
+                          "noise a rotation's task is pinned by d labels, its Bayes risk is 0 and a ratio to it "
+                          "undefined)", gt=0, le=1e6)
     lams: list[float] = param([0.6, 0.8, 0.9, 0.95, 1.0], "fixed forget factors λ of the trained GLA grid",
                               min_length=1, max_length=32)
     learn_lam: bool = param(True, "also train one GLA per setting with λ = sigmoid(θ) learnt")
