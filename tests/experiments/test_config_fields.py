@@ -15,7 +15,7 @@ import sys
 from typing import Annotated, ClassVar, Literal, get_args, get_origin
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 import iclab.engines
 import iclab.models
@@ -290,6 +290,36 @@ def test_the_check_fails_on_a_models_settings_declared_by_hand_under_a_prefix():
         engine_fields(TransformerSettings, prefix="Transformer", label="transformer", layers=setting(2))
     with pytest.raises(TypeError, match="together"):
         engine_fields(TransformerSettings, prefix="transformer_", layers=setting(2))
+
+
+def test_a_config_composes_the_settings_it_takes_and_runs_their_validators():
+    class Pair(BaseModel):  # a toy model's settings with a validator relating two fields, one field not taken
+        width: int = Field(8, ge=1)
+        heads: int = Field(2, ge=1)
+        depth: int = Field(3, ge=1)
+
+        @model_validator(mode="after")
+        def _divides(self):
+            if self.width % self.heads:
+                raise ValueError(f"width must be a multiple of heads = {self.heads} (got {self.width})")
+            return self
+
+    class Toy(ExperimentConfig):
+        model: ClassVar = engine_fields(Pair, prefix="toy_", label="toy", width=setting(12), heads=setting(3))
+        engine: ClassVar = engine_fields(LinregSettings, H=setting(4))  # LinregSettings requires fields not taken
+
+    assert Toy().taken(Pair, prefix="toy_") == Pair(width=12, heads=3, depth=3)
+    with pytest.raises(ValidationError, match=r"toy_width must be a multiple of toy_heads = 3 \(got 13\)"):
+        Toy(toy_width=13)  # the spec's message, in the config's names
+    assert Toy(H=7).H == 7  # LinregSettings (fields required and not taken) is not built
+    # each lab experiment's transformer settings, composed from its fields
+    for exp in ("lab.task_diversity", "lab.drift_families"):
+        _, config = resolve_config(exp, "quick", {})
+        settings = config.taken(TransformerSettings, prefix="transformer_")
+        assert settings.model_dump() == {name: getattr(config, "transformer_" + name)
+                                         for name in TransformerSettings.model_fields}
+    with pytest.raises(ConfigError, match=r"transformer_width must be a multiple of transformer_heads = 5 \(got 16\)"):
+        resolve_config("lab.drift_families", "quick", {"transformer_heads": 5})
 
 
 def test_suffixed_fields_and_grids_keep_the_engine_declaration():

@@ -22,7 +22,7 @@ import re
 import types
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 __all__ = ["EngineFields", "EngineGrid", "ExperimentConfig", "Setting", "TrainingConfig", "engine_fields",
@@ -267,7 +267,7 @@ class ExperimentConfig(BaseModel):
         # (tests/experiments/test_config_fields.py walks them).
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__annotations__", {})
-        expanded, taken, grids = {}, {}, {}
+        expanded, taken, grids, groups = {}, {}, {}, []
         for name, annotation in own.items():
             group = cls.__dict__.get(name)
             expanded[name] = annotation
@@ -288,11 +288,55 @@ class ExperimentConfig(BaseModel):
                 expanded[field], info = _taken_field(group.spec, engine_name, s, inherited, group.label)
                 setattr(cls, field, info)
                 taken[field] = (group.spec, engine_name)
+            if (group.spec, group.prefix, group.suffix) not in groups:
+                groups.append((group.spec, group.prefix, group.suffix))
         if taken or grids:
             own.clear()
             own.update(expanded)
         cls.__engine_fields__ = taken  # this class's own: a subclass that declares a field by hand is not covered
         cls.__engine_grids__ = grids
+        cls.__engine_groups__ = groups  # (spec, prefix, suffix) of every group taken, a base config's included
+
+    def taken(self, spec: type[BaseModel], *, prefix: str = "", suffix: str = "") -> BaseModel:
+        """The settings this config takes from ``spec`` (:func:`engine_fields`) as one validated ``spec``: the
+        config composes them, ``config.taken(TransformerSettings, prefix="transformer_")`` gives the model's.
+
+        Fields of ``spec`` the config does not take keep the spec's defaults (a spec with required fields needs
+        them taken). The spec's own validators (those relating two of its fields) run on the config's values when
+        the config is created, their one-line
+        message naming the fields by the config's names (a spec's message names its fields by their own).
+
+        Args:
+            spec: the pydantic specification the fields were taken from.
+            prefix: the group's prefix (``transformer_``); empty for fields taken under the engine's names.
+            suffix: the group's suffix (``_m``).
+        Returns:
+            The ``spec`` instance.
+        Raises:
+            ValueError: the spec refuses the combination (one line).
+        """
+        fields = type(self).model_fields
+        names = {name: prefix + name + suffix for name in spec.model_fields if prefix + name + suffix in fields}
+        try:
+            return spec(**{name: getattr(self, field) for name, field in names.items()})
+        except ValidationError as err:
+            message = err.errors()[0]["msg"].removeprefix("Value error, ")
+            if names:
+                pattern = r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)"
+                message = re.sub(pattern, lambda m: names[m.group(1)], message)
+            raise ValueError(message) from None
+
+    @model_validator(mode="after")
+    def _taken_settings(self):
+        # the validators of a spec that relate two of its fields (each field's own bounds were checked as the
+        # config's), where the config takes every field the spec requires (not a per-run spec: LinregTraining)
+        fields = type(self).model_fields
+        for spec, prefix, suffix in dict.fromkeys(g for c in reversed(type(self).__mro__)
+                                                  for g in vars(c).get("__engine_groups__", ())):
+            if spec.__pydantic_decorators__.model_validators and all(
+                    prefix + name + suffix in fields for name, info in spec.model_fields.items() if info.is_required()):
+                self.taken(spec, prefix=prefix, suffix=suffix)
+        return self
 
     @model_validator(mode="before")
     @classmethod

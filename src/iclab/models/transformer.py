@@ -59,7 +59,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from iclab.models._family import ModelFamily, register_model
 
@@ -427,6 +427,25 @@ class TransformerSettings(BaseModel):
     loss: Literal["every_label", "query"] = Field(
         "every_label", description="the training loss: the mean squared error of every label predicted from the "
         "tokens before it (Garg et al.; Raventós et al.), or of the query's alone")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.width % self.heads:
+            raise ValueError(f"width must be a multiple of heads = {self.heads} (got {self.width})")
+        return self
+
+    def sizes(self, *, tokens: int) -> dict[str, Any]:
+        """The keyword arguments of the family's init (:func:`init_transformer`) these settings give: H, layers,
+        width, w_init and max_tokens (``tokens``, a prompt's token count, with learned positions; 0 without)."""
+        return dict(H=self.heads, layers=self.layers, width=self.width, w_init=self.w_init,
+                    max_tokens=tokens if self.positions else 0)
+
+    def activation_floats(self, *, tokens: int, token_width: int) -> int:
+        """Numbers one prompt's forward pass keeps (an upper estimate for memory): the T tokens of width
+        ``token_width`` and, per block, ~12E per token (the 4E MLP, q, k, v, the residuals) and the H·T
+        attention weights per token."""
+        T, E = tokens, self.width
+        return T * token_width + T * self.layers * (12 * E + self.heads * T)
 
 
 def _defaults(H: int, sizes: dict[str, Any]) -> dict[str, Any]:

@@ -325,9 +325,6 @@ class DriftFamiliesConfig(TrainingConfig):
         missing = [f for f in self.families if _DRIFT_FAMILIES[f].field is None and f not in self.strengths]
         if missing:
             raise ValueError(f"strengths: give the values of {', '.join(missing)} (strengths={{name: [values]}})")
-        if self.transformer_width % self.transformer_heads:
-            raise ValueError(f"transformer_width must be a multiple of transformer_heads = {self.transformer_heads} "
-                             f"(got {self.transformer_width})")
         if self.transformer_batch > self.batch:
             raise ValueError(f"transformer_batch must be at most batch = {self.batch} (got {self.transformer_batch})")
         odd = [f for f in self.families if _DRIFT_FAMILIES[f].even_d]
@@ -444,9 +441,8 @@ def transformer_members(config: DriftFamiliesConfig, ids) -> Members:
     """The transformer group: one member of the registered family ``transformer_drift`` per row (``ids`` (G, 1)),
     built by ``iclab.engines.family_members`` (the family's init, predict and target y_{n+1}); member r trains on
     the first ``transformer_batch`` prompts of row r's batch, on the loss ``transformer_loss``."""
-    sizes = dict(d=config.d, H=config.transformer_heads, layers=config.transformer_layers,
-                 width=config.transformer_width, w_init=config.transformer_w_init, dtype=config.jnp_dtype(),
-                 max_tokens=2 * config.n + 1 if config.transformer_positions else 0)
+    sizes = dict(d=config.d, dtype=config.jnp_dtype(),
+                 **config.taken(TransformerSettings, prefix="transformer_").sizes(tokens=2 * config.n + 1))
     one = family_members(transformer_model.FAMILIES["drift"], np.zeros(1, int), sizes=sizes)  # one row's member
 
     def loss(params, batch, settings):  # params (G, 1, ...), batch["transformer"] (G, b, ...) -> (G, 1)
@@ -895,8 +891,8 @@ def memory_drift_families(config: DriftFamiliesConfig) -> tuple[float, str]:
     errors = config.eval_prompts * (2 * S * K + 2 * K + 8 + 2 * S) * 2
     # the transformer: ~12E numbers per token and block (the 4E MLP, q, k, v, residuals) and H·T² attention
     # weights, 4 copies for the forward values and their gradients
-    Tt, E = 2 * config.n + 1, config.transformer_width
-    tf_prompt = config.transformer * (Tt * (d + 1) + Tt * config.transformer_layers * (12 * E + config.transformer_heads * Tt))
+    tf_prompt = config.transformer * config.taken(TransformerSettings, prefix="transformer_").activation_floats(
+        tokens=2 * config.n + 1, token_width=d + 1)
     train_ = total([train_,
                     (4.0 * item * S * G * config.transformer_batch * tf_prompt,
                      f"the transformer's activations on {S}·{G}·{config.transformer_batch} prompts")])

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from typing import ClassVar
 
-from pydantic import field_validator, model_validator
+from pydantic import field_validator
 
 from iclab import baselines as bl
 from iclab.engines import Members, seed_keys, train_members
@@ -120,13 +120,6 @@ class TaskDiversityConfig(TrainingConfig):
             raise ValueError("pool_sizes must be distinct integers in [1, 16777216], or 0 for M = ∞")
         return sorted(value, key=lambda m: math.inf if m == 0 else m)
 
-    @model_validator(mode="after")
-    def _sizes(self):
-        if self.transformer_width % self.transformer_heads:
-            raise ValueError(f"transformer_width must be a multiple of transformer_heads = {self.transformer_heads} "
-                             f"(got {self.transformer_width})")
-        return self
-
     def d_e(self) -> int:
         """The softmax attention's head width: ``softmax_width``, or D + 1 when it is 0."""
         return self.softmax_width or self.D + 1
@@ -193,8 +186,8 @@ def model_groups(config: TaskDiversityConfig) -> dict[str, Members]:
 
     inits = {
         "transformer": lambda key, s: transformer_model.init_transformer(
-            key, D=config.D, H=config.transformer_heads, w_init=config.transformer_w_init, layers=config.transformer_layers,
-            width=config.transformer_width, max_tokens=2 * config.N + 1 if config.transformer_positions else 0, dtype=dtype),
+            key, D=config.D, dtype=dtype, **config.taken(TransformerSettings, prefix="transformer_").sizes(
+                tokens=2 * config.N + 1)),
         "linear": lambda key, s: cast(linear.init(key, D=config.D, H=config.linear_heads, w_init=config.linear_init)),
         "softmax": lambda key, s: _init_softmax(key, D=config.D, H=config.softmax_heads, d_e=config.d_e(),
                                                 std=config.softmax_init, dtype=dtype),
@@ -505,10 +498,9 @@ def memory_task_diversity(config: TaskDiversityConfig) -> tuple[float, str]:
     recorded losses; then the evaluation (float64): one chunk of prompts per distribution with dMMSE's
     chunk·M_max·N residuals (3 copies) and the models' activations on the chunk."""
     S, K, item = config.seeds, len(config.pool_sizes), itemsize(config.dtype)
-    T, E = 2 * config.N + 1, config.transformer_width
     batch = S * K * config.batch
-    per_prompt = (T * (config.D + 1) + T * config.transformer_layers * (12 * E + config.transformer_heads * T)
-                  + 4 * config.softmax_heads * config.d_e() * (config.N + 1))
+    per_prompt = (config.taken(TransformerSettings, prefix="transformer_").activation_floats(
+        tokens=2 * config.N + 1, token_width=config.D + 1) + 4 * config.softmax_heads * config.d_e() * (config.N + 1))
     train = total([(4.0 * item * batch * per_prompt, f"the transformer's activations on {S}·{K}·{config.batch} prompts"),
                    (records(seeds=S, steps=config.steps, record_every=config.record_every, values=len(MODELS) * K + 1),
                     "the recorded losses")])
