@@ -927,8 +927,8 @@ register(
             "Strengths (larger = stronger drift): AR(1) 1 − γ with σ_e² = (1 − γ²)σ_w² (stationary); rotation ω "
             "(γ = 1, σ_e² = 0); trend σ_u² (v_0 = 0, σ_e² = 0); switching h. Switching at h has the autocovariance "
             "of stationary AR(1) at γ = 1 − h, hence the same R*(λ), but a different Bayes predictor.",
-            "Λ = I; labels carry noise σ² > 0 (the changepoint posterior needs σ² > 0 beyond d observations); risks "
-            "are of the noisy target y_{n+1}, no ½.",
+            "Λ = I; labels carry noise σ² > 0 (without noise a rotation's task is pinned by d labels: its Bayes risk "
+            "is 0 and a ratio to it undefined); risks are of the noisy target y_{n+1}, no ½.",
             "GLA: the restricted weights (U_11, u_-1) by default, ŷ = x_qᵀ u_-1 U_11ᵀ G exactly the class, evaluated "
             "in closed form; other parametrisations by the control variate against Γ*(λ) on the evaluation prompts. "
             "Adam (no weight decay: it would bias the readout) with a cosine schedule; the learnt λ = sigmoid(θ) "
