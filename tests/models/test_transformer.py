@@ -247,16 +247,20 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
 
     The recipe (Garg et al. 2022's loss and positions): learned positional embeddings (max_tokens = 2N + 1), the loss
     on every label predicted from the tokens before it (models.transformer.EVERY_LABEL), width 64, two blocks of four
-    heads, w_init = 0.2, 5000 Adam steps of 128 prompts, warm-up of 200 steps to lr 3e-3 and cosine decay to 5 % of
-    it. Without positions or the every-label loss, at GPT-2's w_init = 0.02, or with two heads, the model stayed on
-    (or left late and seed-dependently) the plateau of ŷ = 0 in this budget.
+    heads, w_init = 0.2, 2500 Adam steps of 512 prompts, each step's gradient clipped to norm 1, warm-up of 250 steps
+    to lr 6e-3 and cosine decay to 5 % of it. Without positions or the every-label loss, at GPT-2's w_init = 0.02,
+    with two heads, or at lr 1.2e-2, the model stayed on (or left late and seed-dependently) the plateau of ŷ = 0 or
+    far above the Bayes risk in this budget.
 
-    What it reaches, and what it does not: the held-out error is 2.7 to 2.9× the Bayes risk (0.0534) at the two
-    training seeds measured (0.145 and 0.156, SE 0.002; this test trains the first). It does NOT come within 1.5×
-    of the Bayes risk in this budget: closing the gap takes a longer training (Garg et al. train 500k steps with a
-    curriculum). So the test asserts what the budget reaches: the error is at most 3.3× the Bayes risk (0.176: 13
-    and 8 SE above the two seeds' errors), far below the context-free error (0.995), and not below the Bayes risk
-    (4 SE: a lower error would mean the target leaks into the tokens)."""
+    What it reaches, and what it does not: the held-out error is 2.45 and 2.70× the Bayes risk (0.0534) at the two
+    training seeds measured (0.131 and 0.144, SE 0.002; this test trains the first). It does NOT come within 1.5×
+    of the Bayes risk in a test's budget: the error falls slowly with the number of training prompts and hardly
+    depends on how they are batched (at the first seed 2.65× after 5000 steps of 128 prompts, 2.68× after 2500 of
+    256, 2.45× here after 2500 of 512), and a curriculum over the dimension (Garg et al.'s, 2 → 5 over the first
+    750 of 2500 steps of 256) did not help (2.83×); Garg et al. train 500k steps. So the test asserts what the
+    budget reaches: the error is at most 3.0× the Bayes risk (0.160: 14 and 7 SE above the two seeds' errors), far
+    below the context-free error (0.995), and not below the Bayes risk (4 SE: a lower error would mean the target
+    leaks into the tokens)."""
     import optax
 
     from iclab.baselines import gaussian_bayes_risk, mean_and_se
@@ -265,12 +269,12 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
 
     D, N, sigma2 = 5, 10, 0.05
     Lam = jnp.eye(D) / D
-    steps, lr = 5000, 3e-3
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, 0.05 * lr)
+    steps, lr = 2500, 6e-3
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 250, steps, 0.05 * lr)
     sizes = dict(D=D, H=4, width=64, layers=2, w_init=0.2, max_tokens=2 * N + 1)
-    tr = train_family(tf.EVERY_LABEL, lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 128, sigma2=sigma2),
+    tr = train_family(tf.EVERY_LABEL, lambda key, aux: pool.sample_pool_prompts(key, Lam, N, 512, sigma2=sigma2),
                       sizes=sizes, lr=schedule, steps=steps, optimizer=optax.scale_by_adam(), dtype=jnp.float32,
-                      record_every=steps // 10, seed=1)
+                      clip_norm=1.0, record_every=steps // 10, seed=1)
     params = jax.tree_util.tree_map(lambda a: a[0, 0], tr.final_params[tf.EVERY_LABEL.name])
     held_out = pool.sample_pool_prompts(jax.random.PRNGKey(123), Lam, N, 20_000, sigma2=sigma2)
     predict = jax.jit(tf.predict)   # the trained params are the transformer family's: read out at the query
@@ -281,5 +285,5 @@ def test_the_transformer_trained_on_fresh_prompts_approaches_the_bayes_risk():
     bayes = mean_and_se(np.asarray(gaussian_bayes_risk(held_out.x, Lam=Lam, sigma2=sigma2)))
     no_context = float(jnp.mean(clean ** 2))  # ŷ = 0, the best predictor that ignores the context: E (wᵀx_q)² = 1
     ratio = float(error.mean / bayes.mean)
-    assert ratio <= 3.3, (float(error.mean), float(bayes.mean), ratio, no_context)
+    assert ratio <= 3.0, (float(error.mean), float(bayes.mean), ratio, no_context)
     assert float(error.mean) >= float(bayes.mean) - 4 * float(np.hypot(error.se, bayes.se)), (error, bayes)
