@@ -10,6 +10,7 @@ import pytest
 
 import iclab
 from iclab.cli import main
+from iclab.errors import StoreError
 from iclab.launch import UserError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "user_experiment.py"
@@ -105,6 +106,33 @@ def test_load_reopens_a_run_by_path_name_hash_prefix_and_index_id(demo_root):
         np.testing.assert_array_equal(r.arrays["loss"], by_path.arrays["loss"])
     with pytest.raises(UserError, match="no stored run"):
         iclab.load("nothing-like-this", root=root)
+
+
+def test_an_all_digit_run_key_prefix_is_found_as_well_as_an_index_id(tmp_path):
+    # a run key's hex prefix can be all digits (a 2 % chance for 8 of them): it names its run unless an index id
+    # names another one too, which is refused as ambiguous
+    from iclab.results import _run_folder
+
+    class Store:  # the two listings _run_folder reads
+        root = tmp_path
+
+        def rows(self):
+            return [{"id": 9, "run_dir": "user.demo-1234abcd00000000"}, {"id": 7, "run_dir": "user.demo-98914582aa"}]
+
+        def folders(self):
+            return [tmp_path / r["run_dir"] for r in self.rows()]
+
+    store = Store()
+    assert _run_folder("98914582", store) == tmp_path / "user.demo-98914582aa"   # by key prefix
+    assert _run_folder(" 7 ", store) == tmp_path / "user.demo-98914582aa"        # by index id
+    assert _run_folder(9, store) == tmp_path / "user.demo-1234abcd00000000"  # an int is an index id only
+    assert _run_folder("1234", store) == tmp_path / "user.demo-1234abcd00000000"
+    with pytest.raises(StoreError, match="names 2 runs"):
+        _run_folder("9", store)  # index id 9 and the key prefix 9 of the other run
+    with pytest.raises(StoreError, match="no run with index id or run-key prefix 5"):
+        _run_folder("5", store)
+    with pytest.raises(StoreError, match="no run with index id 5"):
+        _run_folder(5, store)
 
 
 def test_runs_is_a_dataframe_of_the_index(demo_root, tmp_path):

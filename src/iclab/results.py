@@ -30,11 +30,10 @@ def _run_folder(ref, store: Store) -> Path:
     if isinstance(ref, bool) or not isinstance(ref, (int, str, os.PathLike)) or isinstance(ref, bytes):
         raise StoreError(f"a stored run is named by its folder, its name, a prefix of its run key or its index id "
                          f"(got {shorten(ref)})")
-    if isinstance(ref, int) or (isinstance(ref, str) and ref.strip().isdigit()):
-        row_id = int(ref)
-        rows = [r for r in store.rows() if r["id"] == row_id]
+    if isinstance(ref, int):
+        rows = [r for r in store.rows() if r["id"] == ref]
         if not rows:
-            raise StoreError(f"no run with index id {row_id} in {root}")
+            raise StoreError(f"no run with index id {ref} in {root}")
         return root / rows[0]["run_dir"]  # checked by Store.rows: one path component, <experiment>-<key>
     text = os.fspath(ref)
     if not text.strip():
@@ -42,6 +41,8 @@ def _run_folder(ref, store: Store) -> Path:
     path = Path(os.path.expanduser(text))  # ~user of no such user stays as typed (as in a shell)
     if (path / "config.json").is_file():  # a folder the user named
         return path
+    if text.strip().isdigit():  # an index id, or a run-key prefix that happens to be all digits
+        text = text.strip()
     if not is_name(text):
         raise StoreError(f"no stored run {shorten(text)} in {root} (give a run folder, its name, a run-key prefix "
                          "or an index id)")
@@ -49,6 +50,11 @@ def _run_folder(ref, store: Store) -> Path:
                if d.name == text or d.name.rsplit("-", 1)[-1].startswith(text) or d.name.startswith(text)]
     exact = [d for d in matches if d.name == text]
     matches = exact or matches
+    if text.isdigit():
+        by_id = [root / r["run_dir"] for r in store.rows() if r["id"] == int(text)]
+        matches = list(dict.fromkeys(by_id + matches))
+        if not matches:
+            raise StoreError(f"no run with index id or run-key prefix {text} in {root}")
     if len(matches) == 1:
         return matches[0]
     if not matches:

@@ -435,15 +435,28 @@ class TransformerSettings(BaseModel):
         return self
 
     def sizes(self, *, tokens: int) -> dict[str, Any]:
-        """The keyword arguments of the family's init (:func:`init_transformer`) these settings give: H, layers,
-        width, w_init and max_tokens (``tokens``, a prompt's token count, with learned positions; 0 without)."""
+        """The keyword arguments of the family's init (:func:`init_transformer`) these settings give.
+
+        Args:
+            tokens: a prompt's token count (2N + 1 for N labelled pairs and the query).
+        Returns:
+            {"H", "layers", "width", "w_init", "max_tokens"}: max_tokens = ``tokens`` with learned positions, 0
+            without.
+        """
         return dict(H=self.heads, layers=self.layers, width=self.width, w_init=self.w_init,
                     max_tokens=tokens if self.positions else 0)
 
     def activation_floats(self, *, tokens: int, token_width: int) -> int:
         """Numbers one prompt's forward pass keeps (an upper estimate for memory): the T tokens of width
         ``token_width`` and, per block, ~12E per token (the 4E MLP, q, k, v, the residuals) and the H·T
-        attention weights per token."""
+        attention weights per token.
+
+        Args:
+            tokens: the prompt's token count T.
+            token_width: the width of a token before the read-in (D + 1 for linreg prompts).
+        Returns:
+            T·token_width + T·layers·(12E + H·T).
+        """
         T, E = tokens, self.width
         return T * token_width + T * self.layers * (12 * E + self.heads * T)
 
