@@ -295,7 +295,7 @@ class ExperimentConfig(BaseModel):
             own.update(expanded)
         cls.__engine_fields__ = taken  # this class's own: a subclass that declares a field by hand is not covered
         cls.__engine_grids__ = grids
-        cls.__engine_groups__ = groups  # (spec, prefix, suffix) of every group taken, a base config's included
+        cls.__engine_groups__ = groups  # (spec, prefix, suffix), this class's own; the validator walks the MRO
 
     def taken(self, spec: type[BaseModel], *, prefix: str = "", suffix: str = "") -> BaseModel:
         """The settings this config takes from ``spec`` (:func:`engine_fields`) as one validated ``spec``: the
@@ -303,8 +303,8 @@ class ExperimentConfig(BaseModel):
 
         Fields of ``spec`` the config does not take keep the spec's defaults (a spec with required fields needs
         them taken). The spec's own validators (those relating two of its fields) run on the config's values when
-        the config is created, their one-line
-        message naming the fields by the config's names (a spec's message names its fields by their own).
+        the config is created, their one-line message naming the fields by the config's names (a spec's message
+        names its fields by their own).
 
         Args:
             spec: the pydantic specification the fields were taken from.
