@@ -107,7 +107,7 @@ config = exp.resolve("quick", {
     "families": ["ar1", "oscillation"], "ar1_gammas": [0.9], "strengths": {"oscillation": [0.15, 0.5]},
     "d": 4, "n": 20, "lams": [0.5, 0.7, 0.85, 1.0], "batch": 1000, "steps": 400, "lr": 0.05, "record_every": 50,
     "eval_prompts": 4000, "tune_prompts": 1000, "lms_mus": [0.01, 0.03, 0.06, 0.1, 0.2],
-    "rls_betas": [0.6, 0.75, 0.85, 0.9, 0.95, 1.0], "transformer": False})
+    "rls_betas": [0.6, 0.75, 0.85, 0.9, 0.95, 1.0], "train_transformer": False})
 rho, T = oscillation_drift.RHO, config.n + 1
 lag = np.abs(np.subtract.outer(np.arange(T), np.arange(T)))
 worst = 0.0

@@ -48,12 +48,12 @@ import iclab  # noqa: F401  (turns on float64)
 from iclab import baselines as bl
 from iclab.experiments import get_experiment
 from iclab.progress import Reporter
-from iclab.tasks.pool import sample_pool, sample_pool_prompts
 from iclab.theory import task_diversity as theory
 
 exp = get_experiment("lab.task_diversity")
 config = exp.resolve("quick", {})
-D, N, sigma2 = config.D, config.N, config.sigma2
+task = config.task   # the prompts' settings, held whole: an iclab.tasks.pool.PoolTask (task.D, task.N, task.sigma2)
+D, N, sigma2 = task.D, task.N, task.sigma2
 print(f"the quick preset's prompts: D = {D}, N = {N}, σ² = {sigma2:g}; pool sizes M = {config.pool_sizes} (0: ∞)")
 
 # %% [markdown]
@@ -68,10 +68,10 @@ print(f"the quick preset's prompts: D = {D}, N = {N}, σ² = {sigma2:g}; pool si
 
 # %%
 P, M_BAYES = 20_000, 8
-pool = sample_pool(jax.random.PRNGKey(0), 1024, D)          # nested pools: size M is the first M rows
+pool = task.pool(jax.random.PRNGKey(0), 1024)          # nested pools: size M is the first M rows
 eye = np.eye(D)
-prompts = {"pool": sample_pool_prompts(jax.random.PRNGKey(1), eye, N, P, pool=pool[:M_BAYES], sigma2=sigma2),
-           "fresh": sample_pool_prompts(jax.random.PRNGKey(2), eye, N, P, sigma2=sigma2)}
+prompts = {"pool": task.prompts(jax.random.PRNGKey(1), P, pool=pool[:M_BAYES]),
+           "fresh": task.prompts(jax.random.PRNGKey(2), P)}
 sq = {}
 for dist, p in prompts.items():
     predictions = {"dMMSE": bl.pool_posterior_mean(p.x, p.y, p.x_q, pool=pool[:M_BAYES], sigma2=sigma2),
@@ -119,7 +119,7 @@ for i, M in enumerate(sizes):
     Gamma = theory.optimal_linear(Sigma, N=N, sigma2=sigma2)
     row = f"{'∞' if M == 0 else M:>4}"
     for j, (S_eval, p) in enumerate(((Sigma, None if M == 0 else pool[:M]), (eye, None))):
-        pr = sample_pool_prompts(jax.random.PRNGKey(10 + 2 * i + j), eye, N, P, pool=p, sigma2=sigma2)
+        pr = task.prompts(jax.random.PRNGKey(10 + 2 * i + j), P, pool=p)
         x, y, x_q, y_q = (np.asarray(a) for a in (pr.x, pr.y, pr.x_q, pr.y_q))
         beta = np.einsum("pn,pnd->pd", y, x) / N
         mc = bl.mean_and_se((np.einsum("pd,de,pe->p", x_q, Gamma, beta) - y_q) ** 2)
@@ -206,7 +206,7 @@ for c in checks:
     print("PASS" if c.passed else "FAIL", c.name, f"(measured {c.measured:.3g})")
 assert all(c.passed for c in checks), [c.name for c in checks if not c.passed]
 t_1, t_8, t_inf = r["transformer_fresh"][0]                          # M = 1, 8, ∞
-assert r["ridge_fresh"][0, -1] < t_inf < config.D + config.sigma2   # between ridge and ignoring the context
+assert r["ridge_fresh"][0, -1] < t_inf < D + sigma2                 # between ridge and ignoring the context
 assert t_8 - t_inf < t_1 - t_8                                      # M = 8 nearer the M = ∞ end
 assert r["linear_fresh"][0, 0] < t_1                                # at M = 1 linear attention still reads β
 print(f"transformer's fresh-task error / ridge's at M = ∞: {t_inf / r['ridge_fresh'][0, -1]:.2f}; "

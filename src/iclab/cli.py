@@ -90,7 +90,12 @@ def show_cmd(experiment: str = typer.Argument(..., help="experiment id, e.g. lin
         return
     out.print(f"[bold]{exp.id}[/bold]: {exp.title}")
     out.print(f"reproduces: {exp.reference}\n")
+    group = None
     for r in rows:
+        if r.get("group") and r["group"] != group:  # a settings group held whole: its class and meaning, once
+            group = r["group"]
+            out.print(f"[bold]{group['name']}[/bold] (a {group['type']}, its fields below): {group['description']}",
+                      markup=True)
         allowed = f"{r['type']}" + (f", {r['bounds']}" if r["bounds"] else "")
         out.print(f"[bold]{r['name']}[/bold] ({allowed}): {r['description']}")
         presets = "   ".join(f"{p} preset: {json.dumps(v)}" for p, v in r["presets"].items())
@@ -301,6 +306,7 @@ def export_cmd(
 ) -> None:
     """Write one table of configs and metrics (check values) across the stored runs of an experiment."""
     from iclab.export import FORMATS, export_rows, write_csv, write_parquet
+    from iclab.fields import flat_fields
     from iclab.names import is_name
     from iclab.store import Store
 
@@ -309,7 +315,7 @@ def export_cmd(
     root = readable_root(results)
     try:
         exp = experiment_or_error(experiment)
-        exp_id, fields = exp.id, list(exp.config.model_fields)
+        exp_id, fields = exp.id, list(flat_fields(exp.config))
     except UserError:  # an experiment this code does not define: export what the store holds of it
         if not is_name(experiment) or not Store(root, readonly=True).folders(experiment):
             raise

@@ -16,10 +16,13 @@ check) and :class:`RunFailed` (the experiment's own code raised: the run is reco
 with its traceback in the run folder's ``error.txt``: exit 3). Anything else is a bug of iclab's
 and keeps its traceback.
 
-This module imports nothing: every layer may raise these.
+This module imports nothing when it loads, so every layer may raise these; :func:`describe_validation_error`
+reads a config's (dotted) fields with :mod:`iclab.fields`, the one layer below it.
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = ["ConfigError", "ExperimentError", "IndexDamaged", "RunDamaged", "RunFailed", "StoreError", "UserError",
            "describe_validation_error", "one_line", "shorten"]
@@ -92,6 +95,8 @@ def describe_validation_error(err, config_cls) -> str:
     Args:
         err: a pydantic ``ValidationError``; config_cls: the pydantic model validated (for the fields' bounds).
     """
+    from iclab.fields import field_info, flat_fields, is_group  # pydantic's: errors itself stays standard library only
+
     parts = []
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"]) or "config"
@@ -99,14 +104,19 @@ def describe_validation_error(err, config_cls) -> str:
         given = e.get("input")
         kind = e["type"]
         if kind == "extra_forbidden":
-            allowed = ", ".join(config_cls.model_fields)
-            parts.append(f"unknown field {field!r}; allowed fields: {allowed}")
+            group = ".".join(str(x) for x in e["loc"][:-1])
+            owner = field_info(config_cls, e["loc"][:-1]) if group else None
+            fields = flat_fields(owner.annotation if owner is not None else config_cls)
+            names = [f"{group}.{name}" if group else name for name in fields]
+            near = [n for n in names if n.rsplit(".", 1)[-1] == field.rsplit(".", 1)[-1] and n != field]
+            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+            parts.append(f"unknown field {field!r}{hint}; allowed fields: {', '.join(names)}")
             continue
         bound = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
                  "less_than_equal": ("≤", "le"), "less_than": ("<", "lt")}.get(kind)
         if bound:
             msg = f"{field} must be {bound[0]} {ctx[bound[1]]}"
-            info = config_cls.model_fields.get(e["loc"][0]) if e["loc"] else None
+            info = field_info(config_cls, e["loc"])
             if info is not None:
                 limits = [f"{sym} {getattr(m, a)}" for m in info.metadata
                           for a, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
@@ -116,7 +126,14 @@ def describe_validation_error(err, config_cls) -> str:
             parts.append(f"{msg} (got {shorten(given)})")
         elif kind == "value_error":
             message = str(ctx.get("error", e["msg"]))
-            parts.append(f"{field}: {message} (got {shorten(given)})" if e["loc"] else message)
+            group = field_info(config_cls, e["loc"]) if e["loc"] else None
+            if group is not None and is_group(group):
+                # a settings object's own validator (relating two of its fields): its names as the user gives them
+                names = sorted(group.annotation.model_fields, key=len, reverse=True)
+                pattern = r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)"
+                parts.append(re.sub(pattern, lambda m: f"{field}.{m.group(1)}", message))
+            else:
+                parts.append(f"{field}: {message} (got {shorten(given)})" if e["loc"] else message)
         else:
             parts.append(f"{field}: {e['msg'].lower()} (got {shorten(given)})")
     return "; ".join(parts)

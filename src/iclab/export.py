@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from iclab.fields import flat_config
 from iclab.store import Store
 
 FORMATS = ("csv", "parquet")
@@ -28,7 +29,8 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
     """(columns, rows) of every stored run of ``exp_id`` under ``root``.
 
     Args:
-        root: the results root; exp_id: the experiment; field_order: config fields first in the columns.
+        root: the results root; exp_id: the experiment; field_order: config fields first in the columns (a settings
+            group's by their dotted names, each a column).
         on_damaged: called with (folder, problems) for each damaged folder, which is skipped.
         on_invalid: called with one line for each index row skipped (its names would leave the root).
     """
@@ -72,6 +74,7 @@ def export_rows(root: str | os.PathLike | None, exp_id: str, field_order: list[s
                          "diverged_step": None, "last_finite_loss": None, "error": r["error"]})
             configs.append(config if isinstance(config, dict) else {})
     names = list(field_order or [])
+    configs = [flat_config(cfg, names) for cfg in configs]   # a settings group's fields as columns of their own
     for cfg in configs:
         names += [k for k in sorted(cfg) if k not in names]
     for row, cfg in zip(rows, configs):

@@ -60,6 +60,7 @@ from iclab.errors import (
     shorten,
 )
 from iclab.experiments import Check, all_experiments, get_experiment
+from iclab.fields import flat_fields
 from iclab.names import check_name, is_name
 from iclab.ops import BACKENDS, resolve_backend, use_backend
 from iclab.progress import Reporter, RunReporter
@@ -750,9 +751,10 @@ def compute_point(exp_id: str, resolved: dict, digest: str, running_dir: str | N
 
 def experiment_info(exp) -> dict:
     """What the report shows of an experiment, recorded with each run so that a store is shown without its code:
-    title, paper, reference, notes, and each config field's description and paper value."""
+    title, paper, reference, notes, and each config field's description and paper value (a settings group's
+    fields by their dotted names, :mod:`iclab.fields`)."""
     fields = {}
-    for name, info in exp.config.model_fields.items():
+    for name, info in flat_fields(exp.config).items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         fields[name] = {"description": info.description or "", "paper": extra.get("paper"),
                         "paper_note": extra.get("paper_note")}

@@ -184,9 +184,12 @@ def test_no_experiment_config_redeclares_an_engine_field():
     assert {("linattn.fig6", "w_inits_m"), ("linattn.fig6", "w_inits_s"), ("linattn.fig8", "heads_m"),
             ("linattn.fig8", "ranks_s"), ("linattn.fig8", "H_s")} <= copies
     assert {(f"linattn.fig{n}", "ranks") for n in (4, 11, 12, 13)} <= copies
-    # ... and both lab experiments that train the transformer take its settings from TransformerSettings
-    assert {(exp_id, f"transformer_{name}") for exp_id in ("lab.task_diversity", "lab.drift_families")
-            for name in TransformerSettings.model_fields} <= copies
+    # ... and both lab experiments that train the transformer hold its settings whole, a TransformerSettings
+    # (nested), with no field of it copied beside
+    for exp_id in ("lab.task_diversity", "lab.drift_families"):
+        fields = all_experiments()[exp_id].config.model_fields
+        assert issubclass(fields["transformer"].annotation, TransformerSettings)
+        assert not {name for name in fields if copy_of(name, TransformerSettings) is not None}
     assert set(NOT_COPIES) <= exempt  # each exemption is still in use
 
 
@@ -312,14 +315,12 @@ def test_a_config_composes_the_settings_it_takes_and_runs_their_validators():
     with pytest.raises(ValidationError, match=r"toy_width must be a multiple of toy_heads = 3 \(got 13\)"):
         Toy(toy_width=13)  # the spec's message, in the config's names
     assert Toy(H=7).H == 7  # LinregSettings (fields required and not taken) is not built
-    # each lab experiment's transformer settings, composed from its fields
+    # each lab experiment holds its transformer's settings whole (nested), refused in the dotted names
     for exp in ("lab.task_diversity", "lab.drift_families"):
-        _, config = resolve_config(exp, "quick", {})
-        settings = config.taken(TransformerSettings, prefix="transformer_")
-        assert settings.model_dump() == {name: getattr(config, "transformer_" + name)
-                                         for name in TransformerSettings.model_fields}
-    with pytest.raises(ConfigError, match=r"transformer_width must be a multiple of transformer_heads = 5 \(got 16\)"):
-        resolve_config("lab.drift_families", "quick", {"transformer_heads": 5})
+        _, config = resolve_config(exp, "quick", {"transformer.layers": 3})
+        assert isinstance(config.transformer, TransformerSettings) and config.transformer.layers == 3
+    with pytest.raises(ConfigError, match=r"transformer.width must be a multiple of transformer.heads = 5 \(got 16\)"):
+        resolve_config("lab.drift_families", "quick", {"transformer.heads": 5})
 
 
 def test_suffixed_fields_and_grids_keep_the_engine_declaration():

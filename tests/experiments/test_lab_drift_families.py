@@ -9,12 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 import iclab  # noqa: F401  (float64)
+from iclab.errors import describe_validation_error
 from iclab.experiments import get_experiment
 from iclab.progress import Reporter
 
 TINY = dict(d=2, n=5, ar1_gammas=[0.9], rotation_omegas=[0.3], trend_sigma_u2=[1e-3], hazards=[0.2],
             lams=[0.8, 1.0], batch=16, steps=3, eval_prompts=200, tune_prompts=20, chunk=100, lms_mus=[0.05, 0.1],
-            rls_betas=[0.9, 1.0], record_every=1, transformer=True,
+            rls_betas=[0.9, 1.0], record_every=1, train_transformer=True,
             transformer_batch=16)  # the quick preset leaves the transformer out
 
 
@@ -34,15 +35,15 @@ def tiny():
     ("sigma2", 0.0, "greater than 0"),
     ("d", 3, "even"),
     ("lams", [], "at least 1"),
-    ("transformer_width", 15, "multiple of transformer_heads"),
+    ("transformer.width", 15, "multiple of transformer.heads"),
     ("transformer_batch", 2000, "at most batch"),
-    ("transformer_layers", 0, "greater than or equal to 1"),
+    ("transformer.layers", 0, "greater than or equal to 1"),
 ])
 def test_bad_fields_are_refused_naming_the_field(field, value, words):
     exp = get_experiment("lab.drift_families")
     with pytest.raises(ValidationError) as err:
         exp.resolve("quick", {field: value})
-    text = str(err.value)
+    text = str(err.value) + "\n" + describe_validation_error(err.value, exp.config)   # pydantic's and the CLI's line
     assert words in text and (field in text or field == "d")
 
 

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from iclab.engines import seed_keys
 from iclab.experiments.lab import task_diversity as td
 
-TINY = dict(D=3, N=4, pool_sizes=[3, 0, 1], batch=8, steps=3, transformer_layers=1, transformer_width=8,
-            transformer_heads=2, softmax_heads=1, record_every=1, eval_prompts=48, eval_chunk=32, seeds=2)
+TINY = dict(task=dict(D=3, N=4), pool_sizes=[3, 0, 1], batch=8, steps=3, transformer=dict(layers=1, width=8, heads=2),
+            softmax_heads=1, record_every=1, eval_prompts=48, eval_chunk=32, seeds=2)
 
 
 def test_config_validates_and_sorts_the_pool_sizes():
@@ -19,11 +19,11 @@ def test_config_validates_and_sorts_the_pool_sizes():
     for bad in ([], [1, 1], [-1], [2**25]):
         with pytest.raises(ValidationError, match="pool_sizes"):
             td.TaskDiversityConfig(pool_sizes=bad)
-    with pytest.raises(ValidationError, match="transformer_width must be a multiple of transformer_heads"):
-        td.TaskDiversityConfig(transformer_width=30, transformer_heads=4)
+    with pytest.raises(ValidationError, match="width must be a multiple of heads"):
+        td.TaskDiversityConfig(transformer=dict(width=30, heads=4))
     with pytest.raises(ValidationError, match="sigma2"):
-        td.TaskDiversityConfig(sigma2=0.0)  # dMMSE's posterior needs label noise
-    assert td.TaskDiversityConfig(D=5).d_e() == 6 and td.TaskDiversityConfig(softmax_width=9).d_e() == 9
+        td.TaskDiversityConfig(**{"task.sigma2": 0.0})  # dMMSE's posterior needs label noise
+    assert td.TaskDiversityConfig(task={"D": 5}).d_e() == 6 and td.TaskDiversityConfig(softmax_width=9).d_e() == 9
 
 
 def test_each_slice_of_the_batch_draws_its_tasks_from_its_own_pool():

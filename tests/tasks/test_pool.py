@@ -60,3 +60,19 @@ def test_labels_carry_noise_of_variance_sigma2_and_inputs_follow_lambda():
     # M = ∞: fresh tasks from the prior, E w wᵀ = I
     w = np.asarray(pr.w)
     assert np.all(np.abs(w.T @ w / P - np.eye(D)) < 4 * np.sqrt(2 / P))
+
+
+def test_pool_task_draws_with_identity_inputs_and_its_noise():
+    """PoolTask, the settings an experiment holds whole: its pool and prompts are the samplers' with Λ = I_D and
+    its σ² (the same keys give the same arrays), and it refuses values out of range by field."""
+    task = tp.PoolTask(D=D, N=N, sigma2=0.3)
+    pool = task.pool(jax.random.PRNGKey(5), 7)
+    assert np.array_equal(pool, tp.sample_pool(jax.random.PRNGKey(5), 7, D))
+    for p in (pool, None):
+        got = task.prompts(jax.random.PRNGKey(6), 11, pool=p)
+        want = tp.sample_pool_prompts(jax.random.PRNGKey(6), np.eye(D), N, 11, pool=p, sigma2=0.3)
+        assert got.x.shape == (11, N, D) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert task.prompts(jax.random.PRNGKey(6), 3, dtype=jnp.float32).x.dtype == jnp.float32
+    for bad in ({"D": 0}, {"sigma2": -0.1}, {"N": 0}, {"M": 3}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            tp.PoolTask(**bad)

@@ -1,15 +1,16 @@
 """Registered figure and table reproductions, and what a user needs to write their own.
 
 An experiment (:class:`Experiment`) is a config class (:class:`ExperimentConfig`, fields built with
-:func:`param`, taken from an engine's specification with :func:`engine_fields`, or sweep grids of an engine
-field made with :func:`engine_grid`), named presets, and three functions: ``run(config, reporter) -> arrays``,
+:func:`param`, taken from an engine's specification with :func:`engine_fields`, sweep grids of an engine
+field made with :func:`engine_grid`, or a model's or task's settings object held whole with :func:`nested`), named
+presets, and three functions: ``run(config, reporter) -> arrays``,
 ``checks(config, arrays) -> [Check]`` (:mod:`iclab.experiments.checks`) and ``plot(config, arrays) -> Figure``.
 :func:`register` adds one to the registry that ``iclab run`` reads; a file outside the package runs with
 ``iclab run path/to/file.py:NAME``.
 """
 
 from iclab.experiments import checks
-from iclab.experiments._config import ExperimentConfig, engine_fields, engine_grid, param, setting
+from iclab.experiments._config import ExperimentConfig, engine_fields, engine_grid, nested, param, setting
 from iclab.experiments._registry import (
     Experiment,
     all_experiments,
@@ -34,6 +35,7 @@ __all__ = [
     "engine_fields",
     "engine_grid",
     "get_experiment",
+    "nested",
     "paper_packages",
     "param",
     "register",

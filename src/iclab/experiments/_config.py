@@ -12,6 +12,13 @@ disagree on what a field is. A figure that trains two models side by side takes 
 under a suffix (``engine_fields(LinregSettings, suffix="_m", label="ATTN_M", H=...)``: ``H_m``), and a sweep
 grid of an engine field (the init scales of a sweep, the ranks of a rank sweep) is a list declared with
 :func:`engine_grid`, whose elements have the engine field's type and bounds.
+
+A config that composes a model's or a task's settings object (zoology's ``TrainConfig(data, model)``) holds it as
+ONE field declared with :func:`nested`: ``transformer: TransformerSettings = nested(TransformerSettings, "...",
+layers=setting(2, paper=8))``. The object's fields keep the settings class's type, bounds, description and
+validators, with the config's defaults and paper values, and a user names them ``transformer.layers`` wherever a
+field is named (``--set transformer.layers=4``, a preset, a sweep grid; :mod:`iclab.fields`). The experiment reads
+``config.transformer``, an instance of the settings class, and passes it on whole.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_ori
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-__all__ = ["EngineFields", "EngineGrid", "ExperimentConfig", "Setting", "TrainingConfig", "engine_fields",
-           "engine_grid", "field_rows", "param", "setting", "validate_eigenvalues"]
+from iclab.fields import flat_fields, flat_values, is_group, nested_values
+
+__all__ = ["EngineFields", "EngineGrid", "ExperimentConfig", "Nested", "Setting", "TrainingConfig", "engine_fields",
+           "engine_grid", "field_rows", "nested", "param", "setting", "validate_eigenvalues"]
 
 UNSPECIFIED = "unspecified"
 
@@ -100,8 +109,8 @@ def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None 
     A config that trains several models side by side takes the fields once per model, each group under its
     ``suffix`` and ``label``: ``engine_fields(LinregSettings, suffix="_m", label="softmax ATTN_M", H=setting(8))``
     adds ``H_m``, of the engine's type and bounds (narrowable only), described as ``"softmax ATTN_M: "`` followed
-    by the engine's description; ``prefix="transformer_"`` names them ``transformer_layers`` likewise (a model's
-    settings, :class:`iclab.models.transformer.TransformerSettings`, taken beside another model's). A suffixed or
+    by the engine's description; ``prefix="toy_"`` names them ``toy_layers`` likewise (a model's settings taken
+    field by field beside the config's own; a config that holds a model's settings whole uses :func:`nested`). A suffixed or
     prefixed field is not read by :meth:`iclab.engines.linreg.LinregTraining.of`
     (its name is not the engine's): the config passes it to the run's specification itself.
 
@@ -138,6 +147,69 @@ def engine_fields(spec: type[BaseModel], *, suffix: str = "", label: str | None 
         if not isinstance(value, Setting):
             raise TypeError(f"{name}: give iclab.experiments.setting(default, paper=...), not {type(value).__name__}")
     return EngineFields(spec, settings, suffix, label, prefix)
+
+
+class Nested(NamedTuple):
+    """A config field holding one settings object (:func:`nested`)."""
+
+    spec: type[BaseModel]
+    description: str
+    settings: dict[str, Setting]
+
+
+def nested(spec: type[BaseModel], description: str, **settings: Setting) -> Any:
+    """A config field holding one ``spec`` object, the settings of a model or task the experiment composes.
+
+    Assigned in a config's body under the spec's type (``transformer: TransformerSettings =
+    nested(TransformerSettings, "the transformer", layers=setting(2, paper=8), ...)``), it becomes a field whose
+    value is a ``spec`` instance: each named field takes the config's default, paper value and narrower bounds or
+    choices (:func:`setting`), the others keep the spec's defaults; types, descriptions and the spec's validators
+    (those relating two of its fields) stay the spec's. Its fields are named ``name.field`` by users
+    (``--set transformer.width=64``, presets, sweep grids, ``iclab show``) and read as ``config.name.field``. A
+    subclass re-declares the group to change a default, narrowing what its base declared.
+
+    Args:
+        spec: the settings class (a frozen pydantic model with a default for each field the config does not set).
+        description: what the group is, shown beside its fields.
+        settings: spec field name -> :func:`setting`.
+    Returns:
+        The :class:`Nested` marker, which :class:`ExperimentConfig` expands when the class is created.
+    Raises:
+        TypeError: a name that is not a field of ``spec``, or a value that is not a :func:`setting`.
+    """
+    for name, value in settings.items():
+        if name not in spec.model_fields:
+            raise TypeError(f"{name!r} is not a field of {spec.__name__}")
+        if not isinstance(value, Setting):
+            raise TypeError(f"{name}: give iclab.experiments.setting(default, paper=...), not {type(value).__name__}")
+    return Nested(spec, description, settings)
+
+
+def _nested_field(owner: type, name: str, group: Nested, annotation: Any) -> tuple[type[BaseModel], FieldInfo]:
+    """The settings class of a :func:`nested` field (a subclass of the spec, of the same name, whose fields carry
+    the config's defaults, paper values and narrowing) and the config's FieldInfo for it."""
+    spec = group.spec
+    written = annotation.replace(" ", "") if isinstance(annotation, str) else annotation
+    if written not in (spec.__name__, spec):
+        raise TypeError(f"{owner.__name__}.{name}: a nested {spec.__name__} is declared as {spec.__name__} "
+                        f"(got {annotation})")
+    base = next((b.model_fields[name].annotation for b in owner.__mro__[1:]
+                 if name in getattr(b, "model_fields", {}) and is_group(b.model_fields[name])), spec)
+    if not issubclass(base, spec):
+        raise TypeError(f"{owner.__name__}.{name}: a base config holds {base.__name__} there, not {spec.__name__}")
+    annotations, namespace = {}, {}
+    for field, s in group.settings.items():
+        annotations[field], namespace[field] = _taken_field(base, field, s, None)
+    def __eq__(self, other):  # equal to the settings class's instance of the same values (pydantic's compares types)
+        if isinstance(other, spec):
+            return self.model_dump() == other.model_dump()
+        return NotImplemented
+
+    namespace.update(__annotations__=annotations, __module__=owner.__module__, __doc__=spec.__doc__,
+                     __qualname__=f"{owner.__qualname__}.{name}", __eq__=__eq__, __hash__=base.__hash__,
+                     model_config=ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False))
+    settings_cls = type(spec.__name__, (base,), namespace)
+    return settings_cls, Field(default_factory=settings_cls, description=group.description)
 
 
 class EngineGrid(NamedTuple):
@@ -267,7 +339,7 @@ class ExperimentConfig(BaseModel):
         # (tests/experiments/test_config_fields.py walks them).
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__annotations__", {})
-        expanded, taken, grids, groups = {}, {}, {}, []
+        expanded, taken, grids, groups, nests = {}, {}, {}, [], {}
         for name, annotation in own.items():
             group = cls.__dict__.get(name)
             expanded[name] = annotation
@@ -275,6 +347,11 @@ class ExperimentConfig(BaseModel):
                 expanded[name], info = _grid_field(group, name, annotation)
                 setattr(cls, name, info)
                 grids[name] = (group.spec, group.name)
+                continue
+            if isinstance(group, Nested):
+                expanded[name], info = _nested_field(cls, name, group, annotation)
+                setattr(cls, name, info)
+                nests[name] = group.spec
                 continue
             if not isinstance(group, EngineFields):
                 continue
@@ -290,16 +367,17 @@ class ExperimentConfig(BaseModel):
                 taken[field] = (group.spec, engine_name)
             if (group.spec, group.prefix, group.suffix) not in groups:
                 groups.append((group.spec, group.prefix, group.suffix))
-        if taken or grids:
+        if taken or grids or nests:
             own.clear()
             own.update(expanded)
         cls.__engine_fields__ = taken  # this class's own: a subclass that declares a field by hand is not covered
         cls.__engine_grids__ = grids
+        cls.__nested__ = nests  # {field: settings class}, this class's own nested() groups
         cls.__engine_groups__ = groups  # (spec, prefix, suffix), this class's own; the validator walks the MRO
 
     def taken(self, spec: type[BaseModel], *, prefix: str = "", suffix: str = "") -> BaseModel:
         """The settings this config takes from ``spec`` (:func:`engine_fields`) as one validated ``spec``: the
-        config composes them, ``config.taken(TransformerSettings, prefix="transformer_")`` gives the model's.
+        config composes them, ``config.taken(Spec, prefix="toy_")`` gives them as one ``Spec``.
 
         Fields of ``spec`` the config does not take keep the spec's defaults (a spec with required fields needs
         them taken). The spec's own validators (those relating two of its fields) run on the config's values when
@@ -341,9 +419,13 @@ class ExperimentConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, data):
+        # dotted names (transformer.width) gathered into their settings group first; each field, a group's
+        # included, refuses booleans and strings where it holds numbers
         if isinstance(data, dict):
-            for name, value in data.items():
-                info = cls.model_fields.get(name)
+            data = nested_values(cls, data)
+            fields = flat_fields(cls)
+            for name, value in flat_values(cls, data).items():
+                info = fields.get(name)
                 if info is not None and _contains_bool(value) and not _admits_bool(info.annotation):
                     kind = "hold numbers, not booleans" if isinstance(value, (list, tuple)) else "be a number, not a boolean"
                     raise ValueError(f"{name} must {kind} (got {json.dumps(value)[:80]})")
@@ -451,7 +533,8 @@ class TrainingConfig(ExperimentConfig):
 
 
 def field_rows(config_cls: type[BaseModel], presets: dict[str, dict]) -> list[dict]:
-    """One row per config field: name, type, description, bounds, preset values, paper value.
+    """One row per config field: name, type, description, bounds, preset values, paper value; a settings group's
+    fields (:func:`nested`) by their dotted names, each row with its ``group`` (name, settings class, description).
 
     Args:
         config_cls: an experiment's config class.
@@ -459,7 +542,8 @@ def field_rows(config_cls: type[BaseModel], presets: dict[str, dict]) -> list[di
     """
     rows = []
     symbols = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
-    for name, info in config_cls.model_fields.items():
+    values = {p: flat_values(config_cls, config_cls(**v).model_dump(mode="json")) for p, v in presets.items()}
+    for name, info in flat_fields(config_cls).items():
         extra = info.json_schema_extra or {}
         bounds = [f"{sym} {getattr(meta, attr)}" for meta in info.metadata for attr, sym in symbols
                   if getattr(meta, attr, None) is not None]
@@ -483,6 +567,10 @@ def field_rows(config_cls: type[BaseModel], presets: dict[str, dict]) -> list[di
             "paper_value": extra.get("paper"),
             "paper_note": extra.get("paper_note"),
         }
-        row["presets"] = {p: config_cls(**v).model_dump(mode="json")[name] for p, v in presets.items()}
+        row["presets"] = {p: v[name] for p, v in values.items()}
+        head = name.partition(".")[0]
+        if head != name:  # a settings group's field: the group it belongs to
+            group = config_cls.model_fields[head]
+            row["group"] = {"name": head, "type": group.annotation.__name__, "description": group.description or ""}
         rows.append(row)
     return rows

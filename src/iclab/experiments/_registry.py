@@ -16,6 +16,7 @@ from typing import Callable
 
 from iclab.experiments._config import ExperimentConfig
 from iclab.experiments.checks import Check  # noqa: F401  (re-exported)
+from iclab.fields import flat_fields, flat_values
 from iclab.names import check_name
 
 
@@ -95,12 +96,13 @@ class Experiment:
         """The config of a preset with field overrides applied (validated).
 
         Args:
-            preset: a preset name (``quick``, ``paper``, ...); overrides: {field: value}.
+            preset: a preset name (``quick``, ``paper``, ...); overrides: {field: value}, a settings group's
+                fields by their dotted names (``{"transformer.width": 64}``) or the group whole.
         Raises:
             pydantic.ValidationError: an override out of its field's range.
         """
-        values = dict(self.presets[preset])
-        values.update(overrides or {})
+        values = flat_values(self.config, self.presets[preset])   # a group's single fields set one by one
+        values.update(flat_values(self.config, overrides or {}))
         return self.config(**values)
 
 
@@ -135,7 +137,7 @@ def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
         if required not in experiment.presets:
             raise ValueError(f"experiment {experiment.id} lacks the {required!r} preset")
     for key, values in (experiment.grid or {}).items():
-        if key not in experiment.config.model_fields or not isinstance(values, list) or not values:
+        if key not in flat_fields(experiment.config) or not isinstance(values, list) or not values:
             raise ValueError(f"experiment {experiment.id}: grid entry {key!r} must name a config field "
                              "and give a non-empty list of values")
     declared = [name for name in ("shards", "run_shard", "assemble") if getattr(experiment, name) is not None]

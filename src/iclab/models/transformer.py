@@ -410,9 +410,9 @@ class TransformerSettings(BaseModel):
     """The transformer's settings an experiment exposes, declared once: its architecture and init
     (:func:`init_transformer`) and the labels it trains on.
 
-    An experiment's config takes them with ``engine_fields(TransformerSettings, prefix="transformer_",
-    label="transformer", layers=setting(2), ...)`` (:func:`iclab.experiments.engine_fields`), so that every
-    experiment training this family names, bounds and describes them alike (``transformer_layers``, ...).
+    An experiment's config holds them whole, ``transformer: TransformerSettings = nested(TransformerSettings,
+    "...", layers=setting(2), ...)`` (:func:`iclab.experiments.nested`), so that every experiment training this
+    family names, bounds and describes them alike (``transformer.layers``, ...).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from iclab.fields import flat_config
 from iclab.names import is_name
 from iclab.store import NPZ_ERRORS, Store
 
@@ -171,10 +172,10 @@ def write_curves_csv(arrays: dict, dest: Path) -> int:
     return len(cols)
 
 
-def _command(entry: RunEntry, base: dict | None) -> str:
-    base = base or {}
+def _command(entry: RunEntry, base: dict | None, names=()) -> str:
+    base = flat_config(base or {}, names)
     parts = ["iclab", "run", entry.source or entry.experiment, "--preset", entry.preset]
-    for key, value in entry.config.items():
+    for key, value in flat_config(entry.config, names).items():
         if key in base and base[key] != value:
             parts += ["--set", f"{key}={json.dumps(value, separators=(',', ':'))}"]
     return " ".join(parts)
@@ -212,7 +213,7 @@ def _experiment_page(entry: RunEntry, info: dict, base: dict | None, out: Path) 
                     f'<td class="num">{tol}</td><td>{status}</td></tr>')
     fields = info.get("fields") if isinstance(info.get("fields"), dict) else {}
     cfg_rows = []
-    for key, value in entry.config.items():
+    for key, value in flat_config(entry.config, fields).items():
         field = fields.get(key) if isinstance(fields.get(key), dict) else {}
         paper_value = field.get("paper")
         if paper_value is not None and paper_value == value:
@@ -243,7 +244,7 @@ def _experiment_page(entry: RunEntry, info: dict, base: dict | None, out: Path) 
 <div class="scroll"><table><thead><tr><th>check</th><th>measured</th><th>expected</th><th>tolerance</th><th>result</th></tr></thead>
 <tbody>{''.join(rows)}</tbody></table></div>
 <h2>Reproduce</h2>
-<pre>{_esc(_command(entry, base))}</pre>
+<pre>{_esc(_command(entry, base, fields))}</pre>
 <p class="muted">Wall time {wall:.1f} s; run key {_esc(entry.metrics.get('config_hash', ''))}; code {_esc(code.get('digest', 'not recorded'))}; iclab {_esc(entry.metrics.get('version', ''))}.</p>
 <h2>Notes</h2><ul>{notes or '<li>None.</li>'}</ul>
 <h2>Configuration</h2>

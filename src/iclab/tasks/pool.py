@@ -14,16 +14,21 @@ with few tasks its best predictor is the Bayes predictor over the pool (dMMSE,
 
 The query's label carries the noise as the context's do (as in Raventós et al.), so a risk on these prompts is the
 noiseless-target risk plus σ².
+
+:class:`PoolTask` declares the settings of this task once (D, N, σ², with Λ = I and the prior N(0, I) of Raventós
+et al.): an experiment's config holds it whole (``task: PoolTask = nested(PoolTask, ...)``, named ``task.D`` by
+users) and draws its pool and prompts with its methods.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from pydantic import BaseModel, ConfigDict, Field
 
 from iclab.tasks.linreg import Prompts
 
-__all__ = ["pool_task_vectors", "sample_pool", "sample_pool_prompts"]
+__all__ = ["PoolTask", "pool_task_vectors", "sample_pool", "sample_pool_prompts"]
 
 
 def sample_pool(key: jax.Array, M: int, D: int, *, prior_cov=1.0, dtype=jnp.float64) -> jax.Array:
@@ -90,3 +95,37 @@ def sample_pool_prompts(key: jax.Array, Lam: jax.Array, N: int, P: int, *, pool:
     xs = jax.random.normal(k_x, (P, N + 1, D), dtype) @ chol.T
     labels = jnp.einsum("pnd,pd->pn", xs, w) + jnp.sqrt(sigma2) * jax.random.normal(k_e, (P, N + 1), dtype)
     return Prompts(x=xs[:, :N], y=labels[:, :N], x_q=xs[:, N], y_q=labels[:, N], w=w)
+
+
+class PoolTask(BaseModel):
+    """The settings of a task-pool experiment's prompts, declared once: inputs x_n, x_q ~ N(0, I_D), N context
+    pairs, labels y = wᵀx + σε on context and query alike, tasks w from a pool of M vectors drawn from N(0, I_D)
+    (:meth:`pool`) or fresh from N(0, I_D) per prompt (M = ∞), Raventós et al.'s setting. The pool sizes M are
+    an experiment's sweep, not the task's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    D: int = Field(2, ge=1, le=4096, description="input dimension D (x and the task vectors w)")
+    N: int = Field(8, ge=1, le=100_000, description="context pairs N per prompt (the query is the (N+1)-th input)")
+    sigma2: float = Field(0.25, ge=0, le=1e4, description="label-noise variance σ² (context and query labels)")
+
+    def pool(self, key: jax.Array, M: int, *, dtype=jnp.float64) -> jax.Array:
+        """M task vectors from the prior N(0, I_D) (:func:`sample_pool`).
+
+        Args:
+            key: the pool's key; M: its size; dtype: the vectors' dtype.
+        Returns:
+            (M, D) pool.
+        """
+        return sample_pool(key, M, self.D, dtype=dtype)
+
+    def prompts(self, key: jax.Array, P: int, *, pool: jax.Array | None = None, dtype=jnp.float64) -> Prompts:
+        """P prompts with Λ = I_D, each task from ``pool`` (or fresh from N(0, I_D) when None: M = ∞), the labels
+        noisy with variance σ² (:func:`sample_pool_prompts`).
+
+        Args:
+            key: the prompts' key; P: how many; pool: (M, D) pool or None; dtype: the prompts' dtype.
+        Returns:
+            :class:`iclab.tasks.linreg.Prompts` with x (P, N, D), y (P, N), x_q (P, D), y_q (P,), w (P, D).
+        """
+        return sample_pool_prompts(key, jnp.eye(self.D, dtype=dtype), self.N, P, pool=pool, sigma2=self.sigma2)

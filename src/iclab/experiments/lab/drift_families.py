@@ -49,7 +49,7 @@ The learnt λ is checked in two parts: the trained model against R*(λ_learnt), 
 (3 %, the readout's optimisation), and λ_learnt itself by the excess R*(λ_learnt) − R*(λ*) it leaves as a fraction
 of its initial λ's (5 %, :data:`LAM_GAP`): at a boundary λ* = 1, λ = sigmoid(θ) only approaches it.
 
-The quick preset leaves the transformer out (``transformer: False``). With it (2 blocks, width 16, 16 prompts per
+The quick preset leaves the transformer out (``train_transformer: False``). With it (2 blocks, width 16, 16 prompts per
 step and setting, 500 steps) the quick preset took about 1.8× as long, and the transformer did not leave the plateau
 of predicting the prior mean: its risk was that of ŷ = 0, tr(Λ C(n+1, n+1)) + σ² (0.96-1.04 of it per setting at
 seeds 0 and 1), which is all its check asks (no worse than ignoring the context, 3 SE). Learning in context from
@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +75,7 @@ from iclab import baselines as bl
 from iclab.engines import Members, family_members, seed_keys, train_members
 from iclab.experiments import Experiment, register
 from iclab.experiments._analysis import control_variate_risk
-from iclab.experiments._config import TrainingConfig, engine_fields, param, setting
+from iclab.experiments._config import TrainingConfig, nested, param, setting
 from iclab.experiments._memory import FLOAT64, itemsize, largest, records, total
 from iclab.experiments._plot import BASELINE_STYLE, COLORS, figure
 from iclab.experiments.checks import check_at_least, check_at_most
@@ -265,11 +265,11 @@ class DriftFamiliesConfig(TrainingConfig):
         "restricted", "GLA weights trained: restricted (U_11, u_-1: ŷ = x_qᵀ Γ G exactly, evaluated in closed "
         "form), merged (W_V, W^KQ), qkv or lemma2 (evaluated by the control variate)")
     init_std: float = param(0.1, "std of the Gaussian init of every weight entry", gt=0, le=10)
-    transformer: bool = param(True, "also train one standard transformer per setting (the registered family "
+    train_transformer: bool = param(True, "also train one standard transformer per setting (the registered family "
                               "transformer_drift, GPT-2's pre-LN blocks) in the same joint run")
-    transformer_settings: ClassVar = engine_fields(
-        TransformerSettings, prefix="transformer_", label="transformer", layers=setting(2), width=setting(16),
-        heads=setting(2), w_init=setting(0.02), positions=setting(True), loss=setting("every_label"))
+    transformer: TransformerSettings = nested(
+        TransformerSettings, "the standard transformer's blocks, init and training loss", layers=setting(2),
+        width=setting(16), heads=setting(2), w_init=setting(0.02), positions=setting(True), loss=setting("every_label"))
     transformer_batch: int = param(256, "prompts per step and setting the transformer trains on (the first of "
                                    "the GLA's batch of its setting; at most batch)", ge=1, le=1_000_000)
     transformer_lr: float = param(3e-3, "the transformer's learning rate (peak of the same schedule as the GLA's)",
@@ -440,13 +440,13 @@ def _every_label_loss(params, prompts):
 def transformer_members(config: DriftFamiliesConfig, ids) -> Members:
     """The transformer group: one member of the registered family ``transformer_drift`` per row (``ids`` (G, 1)),
     built by ``iclab.engines.family_members`` (the family's init, predict and target y_{n+1}); member r trains on
-    the first ``transformer_batch`` prompts of row r's batch, on the loss ``transformer_loss``."""
+    the first ``transformer_batch`` prompts of row r's batch, on the loss ``transformer.loss``."""
     sizes = dict(d=config.d, dtype=config.jnp_dtype(),
-                 **config.taken(TransformerSettings, prefix="transformer_").sizes(tokens=2 * config.n + 1))
+                 **config.transformer.sizes(tokens=2 * config.n + 1))
     one = family_members(transformer_model.FAMILIES["drift"], np.zeros(1, int), sizes=sizes)  # one row's member
 
     def loss(params, batch, settings):  # params (G, 1, ...), batch["transformer"] (G, b, ...) -> (G, 1)
-        if config.transformer_loss == "query":
+        if config.transformer.loss == "query":
             return jax.vmap(lambda p, b: one.loss(p, b, None))(params, batch["transformer"])
         return jax.vmap(jax.vmap(_every_label_loss, in_axes=(0, None)))(params, batch["transformer"])
 
@@ -490,7 +490,7 @@ def train(config: DriftFamiliesConfig, reporter=None):
     if config.learn_lam:
         groups["learnt"] = Members(init, _learnt_loss, G * K + np.arange(G).reshape(G, 1),
                                    {"learn": jnp.ones((G, 1), bool)})
-    if config.transformer:
+    if config.train_transformer:
         groups["transformer"] = transformer_members(config, G * K + G + np.arange(G).reshape(G, 1))
 
     def draw(key, aux):
@@ -501,14 +501,14 @@ def train(config: DriftFamiliesConfig, reporter=None):
             ys.append(pr.y[:, -1])
             tfs.append(jax.tree_util.tree_map(lambda a: a[:config.transformer_batch], pr))
         batch = {"gla": (jnp.stack(Zs), jnp.stack(ys))}
-        if config.transformer:
+        if config.train_transformer:
             batch["transformer"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *tfs)
         return batch
 
     optimizer = config.transformation()
-    if config.transformer:
+    if config.train_transformer:
         optimizer = optax.chain(optimizer, _group_scale({"transformer": config.transformer_lr / config.lr}))
-    what = f"{K} λ{' + learnt λ' if config.learn_lam else ''}{' + transformer' if config.transformer else ''}"
+    what = f"{K} λ{' + learnt λ' if config.learn_lam else ''}{' + transformer' if config.train_transformer else ''}"
     tr = train_members(groups, draw, keys=seed_keys(config.seed, config.seeds), lr=config.schedule(),
                        n_steps=config.steps, optimizer=optimizer, clip_norm=config.clip_norm or None,
                        record_every=config.record_every, record_member_loss=False, reporter=reporter,
@@ -891,7 +891,7 @@ def memory_drift_families(config: DriftFamiliesConfig) -> tuple[float, str]:
     errors = config.eval_prompts * (2 * S * K + 2 * K + 8 + 2 * S) * 2
     # the transformer: ~12E numbers per token and block (the 4E MLP, q, k, v, residuals) and H·T² attention
     # weights, 4 copies for the forward values and their gradients
-    tf_prompt = config.transformer * config.taken(TransformerSettings, prefix="transformer_").activation_floats(
+    tf_prompt = config.train_transformer * config.transformer.activation_floats(
         tokens=2 * config.n + 1, token_width=d + 1)
     train_ = total([train_,
                     (4.0 * item * S * G * config.transformer_batch * tf_prompt,
@@ -910,7 +910,7 @@ register(
                   "tasks (theory.nonstationary), against the Kalman filter and the changepoint posterior",
         config=DriftFamiliesConfig,
         presets={
-            "quick": {"d": 4, "n": 24, "batch": 1000, "steps": 500, "lr": 0.05, "transformer": False,
+            "quick": {"d": 4, "n": 24, "batch": 1000, "steps": 500, "lr": 0.05, "train_transformer": False,
                       "eval_prompts": 4000,
                       "tune_prompts": 1000, "lms_mus": [0.01, 0.03, 0.06, 0.1, 0.2],
                       "rls_betas": [0.6, 0.75, 0.85, 0.9, 0.95, 0.98, 1.0]},

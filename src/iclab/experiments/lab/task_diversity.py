@@ -1,7 +1,11 @@
 """lab.task_diversity (beyond the four papers): pretraining task diversity and the emergence of non-Bayesian
 in-context learning (Raventós et al. 2023), with a transformer, linear attention and one-layer softmax attention.
 
-Data (:mod:`iclab.tasks.pool`): x_n, x_q ~ N(0, I_D), y = wᵀx + σε on context and query alike. For each pool size M
+The config composes the task's settings and the transformer's, each held whole (zoology's nested config): ``task``
+a :class:`iclab.tasks.pool.PoolTask` (``task.D``, ``task.N``, ``task.sigma2``), ``transformer`` a
+:class:`iclab.models.transformer.TransformerSettings` (``transformer.width``, ...).
+
+Data (:class:`iclab.tasks.pool.PoolTask`): x_n, x_q ~ N(0, I_D), y = wᵀx + σε on context and query alike. For each pool size M
 of the grid the models pretrain on prompts whose task is drawn uniformly from a pool of M vectors w_1..w_M ~ N(0, I)
 (fixed per seed; the pools of one seed are nested, the first M rows of one draw); M = ∞ (written 0 in the config)
 draws a fresh task per prompt from the prior. Two Bayes predictors frame the results (:mod:`iclab.baselines`):
@@ -18,7 +22,7 @@ Models, one member per (model, M), trained in ONE :func:`iclab.engines.train_mem
 the M grid (member k reads slice k, the prompts of pool k; each model sees the same batches):
 
 - ``transformer``: the GPT-2-style causal transformer over (x, y) tokens (:mod:`iclab.models.transformer`) with
-  learned positions, trained on every label predicted from the tokens before it (``transformer_loss``) and
+  learned positions, trained on every label predicted from the tokens before it (``transformer.loss``) and
   evaluated at the query;
 - ``linear``: linear attention ATTN_M's reduced form ŷ = βᵀ A x_q (family ``attn_m``, :mod:`iclab.models.linattn`),
   whose optimum on a pool is the closed form of :mod:`iclab.theory.task_diversity` (Γ = Aᵀ);
@@ -38,14 +42,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from typing import ClassVar
 
 from pydantic import field_validator
 
 from iclab import baselines as bl
 from iclab.engines import Members, seed_keys, train_members
 from iclab.experiments import Experiment, register
-from iclab.experiments._config import TrainingConfig, engine_fields, param, setting
+from iclab.experiments._config import TrainingConfig, nested, param, setting
 from iclab.experiments._memory import FLOAT64, itemsize, largest, records, total
 from iclab.experiments._plot import BASELINE_STYLE, COLORS, THEORY_STYLE, figure
 from iclab.experiments.checks import check_at_least, check_at_most
@@ -55,7 +58,7 @@ from iclab.models import transformer as transformer_model
 from iclab.models.transformer import TransformerSettings
 from iclab.progress import task
 from iclab.tasks.linreg import Prompts
-from iclab.tasks.pool import sample_pool, sample_pool_prompts
+from iclab.tasks.pool import PoolTask
 from iclab.theory import task_diversity as theory
 
 #: The trained models, in the order of their member ids and colours.
@@ -82,19 +85,19 @@ CONTEXT_FRACTION = 0.6
 
 
 class TaskDiversityConfig(TrainingConfig):
-    D: int = param(2, "input dimension D (x and the task vectors w)", paper=8, paper_note="Raventós et al.: d = 8",
-                   ge=1, le=64)
-    N: int = param(8, "context pairs N per prompt (the query is the (N+1)-th input)", paper=16,
-                   paper_note="Raventós et al.: 16 examples per sequence (our reading)", ge=1, le=512)
-    sigma2: float = param(0.25, "label-noise variance σ² (context and query labels); > 0, dMMSE's posterior needs it",
-                          paper=0.25, gt=0, le=100)
+    task: PoolTask = nested(
+        PoolTask, "the prompts (x ~ N(0, I_D), tasks from the pool or the prior N(0, I_D)); σ² > 0, dMMSE's "
+        "posterior needs label noise",
+        D=setting(2, paper=8, paper_note="Raventós et al.: d = 8", le=64),
+        N=setting(8, paper=16, paper_note="Raventós et al.: 16 examples per sequence (our reading)", le=512),
+        sigma2=setting(0.25, paper=0.25, gt=0, le=100))
     pool_sizes: list[int] = param([1, 8, 0], "task-pool sizes M (the x-axis); 0 means M = ∞, a fresh task per "
                                   "prompt from the prior N(0, I)", paper="2^0 .. 2^20 and ∞")
     batch: int = param(64, "prompts per step for each model and M", paper=256, ge=1, le=65_536)
     steps: int = param(1500, "optimiser steps", paper=500_000, ge=1, le=10_000_000)
     lr: float = param(1e-3, "learning rate (the peak of the schedule)", paper=1e-3, gt=0, le=100)
-    transformer_settings: ClassVar = engine_fields(
-        TransformerSettings, prefix="transformer_", label="transformer",
+    transformer: TransformerSettings = nested(
+        TransformerSettings, "the GPT-2-style transformer's blocks, init and training loss",
         layers=setting(2, paper=8, paper_note="Raventós et al.: 8 layers"),
         width=setting(32, paper=128, paper_note="Raventós et al.: embedding 128"),
         heads=setting(2, paper=2), w_init=setting(0.02, paper=0.02, paper_note="GPT-2's init"),
@@ -122,7 +125,7 @@ class TaskDiversityConfig(TrainingConfig):
 
     def d_e(self) -> int:
         """The softmax attention's head width: ``softmax_width``, or D + 1 when it is 0."""
-        return self.softmax_width or self.D + 1
+        return self.softmax_width or self.task.D + 1
 
     def finite_sizes(self) -> list[int]:
         """The finite pool sizes M of the grid."""
@@ -178,7 +181,7 @@ def _init_softmax(key, *, D: int, H: int, d_e: int, std: float, dtype):
 
 def model_groups(config: TaskDiversityConfig) -> dict[str, Members]:
     """One :class:`iclab.engines.Members` group per model, K = len(pool_sizes) members each (ids g·K + k)."""
-    K, dtype = len(config.pool_sizes), config.jnp_dtype()
+    K, D, dtype = len(config.pool_sizes), config.task.D, config.jnp_dtype()
     transformer, linear = get_model("transformer"), get_model("attn_m")
 
     def cast(params):
@@ -186,28 +189,26 @@ def model_groups(config: TaskDiversityConfig) -> dict[str, Members]:
 
     inits = {
         "transformer": lambda key, s: transformer_model.init_transformer(
-            key, D=config.D, dtype=dtype, **config.taken(TransformerSettings, prefix="transformer_").sizes(
-                tokens=2 * config.N + 1)),
-        "linear": lambda key, s: cast(linear.init(key, D=config.D, H=config.linear_heads, w_init=config.linear_init)),
-        "softmax": lambda key, s: _init_softmax(key, D=config.D, H=config.softmax_heads, d_e=config.d_e(),
+            key, D=D, dtype=dtype, **config.transformer.sizes(tokens=2 * config.task.N + 1)),
+        "linear": lambda key, s: cast(linear.init(key, D=D, H=config.linear_heads, w_init=config.linear_init)),
+        "softmax": lambda key, s: _init_softmax(key, D=D, H=config.softmax_heads, d_e=config.d_e(),
                                                 std=config.softmax_init, dtype=dtype),
     }
     predicts = {"transformer": transformer.predict, "linear": linear.predict, "softmax": predict_softmax}
     losses = {name: _slice_losses(predicts[name]) for name in MODELS}
-    if config.transformer_loss == "every_label":
+    if config.transformer.loss == "every_label":
         losses["transformer"] = _every_label_losses
     return {name: Members(inits[name], losses[name], np.arange(K) + g * K) for g, name in enumerate(MODELS)}
 
 
 def pools(config: TaskDiversityConfig, keys) -> jax.Array:
     """Each seed's pool of max(M) tasks from N(0, I); pool size M is its first M rows: (S, M_max, D) float64."""
-    return jax.vmap(lambda k: sample_pool(jax.random.fold_in(k, POOL_STREAM), config.max_pool(), config.D))(keys)
+    return jax.vmap(lambda k: config.task.pool(jax.random.fold_in(k, POOL_STREAM), config.max_pool()))(keys)
 
 
 def _pool_prompts(key, pool, M: int, *, config: TaskDiversityConfig, P: int, dtype):
     """P prompts of pool size M (the first M rows of ``pool``; M = 0: fresh tasks)."""
-    Lam = jnp.eye(config.D, dtype=dtype)
-    return sample_pool_prompts(key, Lam, config.N, P, pool=None if M == 0 else pool[:M], sigma2=config.sigma2)
+    return config.task.prompts(key, P, pool=None if M == 0 else pool[:M], dtype=dtype)
 
 
 def batch_sampler(config: TaskDiversityConfig):
@@ -286,8 +287,8 @@ def evaluate(config: TaskDiversityConfig, params, pools_, keys, reporter=None) -
                     on_pool = fresh if M == 0 else _pool_prompts(
                         jax.random.fold_in(jax.random.fold_in(ek, 1 + k), c), pool, M, config=config, P=B,
                         dtype=jnp.float64)
-                    errs["fresh"].append(_errors(member, pool, fresh, M=M, sigma2=config.sigma2))
-                    errs["pool"].append(_errors(member, pool, on_pool, M=M, sigma2=config.sigma2))
+                    errs["fresh"].append(_errors(member, pool, fresh, M=M, sigma2=config.task.sigma2))
+                    errs["pool"].append(_errors(member, pool, on_pool, M=M, sigma2=config.task.sigma2))
                 for dist, parts in errs.items():
                     e = {n: np.concatenate([np.asarray(p[n]) for p in parts]) for n in names}
                     bayes = e["ridge"] if dist == "fresh" or M == 0 else e["dmmse"]
@@ -306,8 +307,8 @@ def linear_theory(config: TaskDiversityConfig, pools_, A) -> dict:
     on pool and fresh tasks, and the exact risks of the trained ATTN_M (Γ = Aᵀ)."""
     S, K = len(pools_), len(config.pool_sizes)
     out = {k: np.zeros((S, K)) for k in ("theory_pool", "theory_fresh", "trained_pool", "trained_fresh")}
-    eye = np.eye(config.D)
-    kw = dict(N=config.N, sigma2=config.sigma2)
+    eye = np.eye(config.task.D)
+    kw = dict(N=config.task.N, sigma2=config.task.sigma2)
     for s in range(S):
         for k, M in enumerate(config.pool_sizes):
             Sigma = eye if M == 0 else theory.pool_second_moment(pools_[s][:M])
@@ -374,7 +375,7 @@ def checks_task_diversity(config: TaskDiversityConfig, r: dict) -> list:
             TRANSITION_FRACTION,
             "pretrained on many tasks the transformer generalises to fresh tasks; it closes most of its gap to the "
             f"Bayes predictor of fresh tasks (its error / ridge's: {', '.join(f'{v:.3g}' for v in t / ridge)})"))
-    blind = config.D + config.sigma2   # the error of ŷ = 0, which ignores the context: E[(wᵀx_q + σε)²]
+    blind = config.task.D + config.task.sigma2   # the error of ŷ = 0, which ignores the context: E[(wᵀx_q + σε)²]
     out.append(check_at_most(
         f"largest M = {_m_name(sizes[k1])}: the transformer learns in context on fresh tasks (max T / (D + σ²) over "
         "seeds; D + σ²: the error of ignoring the context)", float((t / blind).max()), CONTEXT_FRACTION,
@@ -466,7 +467,8 @@ def plot_task_diversity(config: TaskDiversityConfig, r: dict):
     ax.set_ylabel("mean squared error of y_q (σ² included)")
     ax.legend(fontsize=6, ncol=1)
     ax.set_title("error after pretraining on M tasks: on the pool (solid), on fresh tasks (dashed)", fontsize=8)
-    fig.suptitle(f"lab.task_diversity: D = {config.D}, N = {config.N}, σ² = {config.sigma2:g}, {config.steps} steps, "
+    task = config.task
+    fig.suptitle(f"lab.task_diversity: D = {task.D}, N = {task.N}, σ² = {task.sigma2:g}, {config.steps} steps, "
                  f"{config.seeds} seed(s)", fontsize=9)
     ax2 = axes[0, 1]
     if "loss_transformer" not in r:
@@ -499,13 +501,14 @@ def memory_task_diversity(config: TaskDiversityConfig) -> tuple[float, str]:
     chunk·M_max·N residuals (3 copies) and the models' activations on the chunk."""
     S, K, item = config.seeds, len(config.pool_sizes), itemsize(config.dtype)
     batch = S * K * config.batch
-    per_prompt = (config.taken(TransformerSettings, prefix="transformer_").activation_floats(
-        tokens=2 * config.N + 1, token_width=config.D + 1) + 4 * config.softmax_heads * config.d_e() * (config.N + 1))
+    N = config.task.N
+    per_prompt = (config.transformer.activation_floats(tokens=2 * N + 1, token_width=config.task.D + 1)
+                  + 4 * config.softmax_heads * config.d_e() * (N + 1))
     train = total([(4.0 * item * batch * per_prompt, f"the transformer's activations on {S}·{K}·{config.batch} prompts"),
                    (records(seeds=S, steps=config.steps, record_every=config.record_every, values=len(MODELS) * K + 1),
                     "the recorded losses")])
     chunk = min(config.eval_chunk, config.eval_prompts)
-    evaluation = total([(3.0 * FLOAT64 * 2 * chunk * config.max_pool() * config.N,
+    evaluation = total([(3.0 * FLOAT64 * 2 * chunk * config.max_pool() * config.task.N,
                          f"dMMSE's residuals on {chunk} prompts × M = {config.max_pool()}"),
                         (4.0 * FLOAT64 * 2 * chunk * per_prompt, f"the models on {chunk} evaluation prompts"),
                         (FLOAT64 * 2 * len(MODELS + ("dmmse", "ridge")) * 2 * config.eval_prompts,
@@ -525,10 +528,10 @@ register(
         config=TaskDiversityConfig,
         presets={
             "quick": {"record_losses": False},
-            "paper": {"D": 3, "N": 12, "pool_sizes": [1, 4, 16, 64, 0], "steps": 8000, "transformer_width": 64,
-                      "transformer_heads": 4, "transformer_w_init": 0.2, "eval_prompts": 4096, "record_every": 200},
-            "raventos": {"D": 8, "N": 16, "pool_sizes": [1, 4, 16, 64, 256, 1024, 4096, 16384, 0], "batch": 256,
-                         "steps": 50_000, "transformer_layers": 4, "transformer_width": 128, "transformer_heads": 2, "lr_schedule": "cosine",
+            "paper": {"task.D": 3, "task.N": 12, "pool_sizes": [1, 4, 16, 64, 0], "steps": 8000, "transformer.width": 64,
+                      "transformer.heads": 4, "transformer.w_init": 0.2, "eval_prompts": 4096, "record_every": 200},
+            "raventos": {"task.D": 8, "task.N": 16, "pool_sizes": [1, 4, 16, 64, 256, 1024, 4096, 16384, 0], "batch": 256,
+                         "steps": 50_000, "transformer.layers": 4, "transformer.width": 128, "transformer.heads": 2, "lr_schedule": "cosine",
                          "eval_prompts": 16_384, "eval_chunk": 512, "record_every": 500},
         },
         run=run_task_diversity,
