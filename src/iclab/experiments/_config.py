@@ -200,6 +200,7 @@ def _nested_field(owner: type, name: str, group: Nested, annotation: Any) -> tup
     annotations, namespace = {}, {}
     for field, s in group.settings.items():
         annotations[field], namespace[field] = _taken_field(base, field, s, None)
+
     def __eq__(self, other):  # equal to the settings class's instance of the same values (pydantic's compares types)
         if isinstance(other, spec):
             return self.model_dump() == other.model_dump()
