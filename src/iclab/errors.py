@@ -22,8 +22,6 @@ reads a config's (dotted) fields with :mod:`iclab.fields`, the one layer below i
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["ConfigError", "ExperimentError", "IndexDamaged", "RunDamaged", "RunFailed", "StoreError", "UserError",
            "describe_validation_error", "one_line", "shorten"]
 
@@ -95,7 +93,7 @@ def describe_validation_error(err, config_cls) -> str:
     Args:
         err: a pydantic ``ValidationError``; config_cls: the pydantic model validated (for the fields' bounds).
     """
-    from iclab.fields import field_info, flat_fields, is_group  # pydantic's: errors itself stays standard library only
+    from iclab.fields import field_info, flat_fields, is_group, renamed  # pydantic's: errors itself stays standard library only
 
     parts = []
     for e in err.errors():
@@ -129,9 +127,7 @@ def describe_validation_error(err, config_cls) -> str:
             group = field_info(config_cls, e["loc"]) if e["loc"] else None
             if group is not None and is_group(group):
                 # a settings object's own validator (relating two of its fields): its names as the user gives them
-                names = sorted(group.annotation.model_fields, key=len, reverse=True)
-                pattern = r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)"
-                parts.append(re.sub(pattern, lambda m: f"{field}.{m.group(1)}", message))
+                parts.append(renamed(message, {name: f"{field}.{name}" for name in group.annotation.model_fields}))
             else:
                 parts.append(f"{field}: {message} (got {shorten(given)})" if e["loc"] else message)
         else:

@@ -10,12 +10,13 @@ report reads stored configs (data, not code) with :func:`flat_config`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-__all__ = ["field_info", "flat_config", "flat_fields", "flat_values", "is_group", "nested_values"]
+__all__ = ["field_info", "flat_config", "flat_fields", "flat_values", "is_group", "nested_values", "renamed"]
 
 
 def is_group(info: FieldInfo) -> bool:
@@ -127,3 +128,18 @@ def flat_config(config: dict, names: Iterable[str]) -> dict:
         else:
             out[key] = value
     return out
+
+
+def renamed(message: str, names: dict[str, str]) -> str:
+    """A settings class's validator message with its field names replaced by the names a user gives them (whole
+    words only, longest first): ``width`` → ``transformer.width`` or ``transformer_width``.
+
+    Args:
+        message: the validator's message; names: {the class's field name: the user's name}.
+    Returns:
+        The message in the user's names.
+    """
+    if not names:
+        return message
+    pattern = r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)"
+    return re.sub(pattern, lambda m: names[m.group(1)], message)

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_ori
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from iclab.fields import flat_fields, flat_values, is_group, nested_values
+from iclab.fields import flat_fields, flat_values, is_group, nested_values, renamed
 
 __all__ = ["EngineFields", "EngineGrid", "ExperimentConfig", "Nested", "Setting", "TrainingConfig", "engine_fields",
            "engine_grid", "field_rows", "nested", "param", "setting", "validate_eigenvalues"]
@@ -400,10 +400,7 @@ class ExperimentConfig(BaseModel):
             return spec(**{name: getattr(self, field) for name, field in names.items()})
         except ValidationError as err:
             message = err.errors()[0]["msg"].removeprefix("Value error, ")
-            if names:
-                pattern = r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)"
-                message = re.sub(pattern, lambda m: names[m.group(1)], message)
-            raise ValueError(message) from None
+            raise ValueError(renamed(message, names)) from None
 
     @model_validator(mode="after")
     def _taken_settings(self):
